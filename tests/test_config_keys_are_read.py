@@ -19,7 +19,6 @@ from agentevolver.paths import REPO_ROOT
 
 #: key-path prefix -> the issue whose module reads those keys (delete the entry when it lands).
 PENDING: dict[str, str] = {
-    "env_service.env_type": "agent flow / trainer (issues 4, 5)",
     "task_manager": "Self-Questioning (issue 7)",
     "exp_manager": "Self-Navigating (issue 8)",
     "memory": "Self-Navigating (issue 8)",
@@ -30,13 +29,14 @@ PENDING: dict[str, str] = {
     "llm.roles.task_filter": "Self-Questioning (issue 7)",
     "llm.roles.task_grader": "Self-Questioning (issue 7)",
     "llm.roles.exp_summarizer": "Self-Navigating (issue 8)",
-    "llm.roles.context_clipper": "agent flow self_clip context manager (issue 4)",
 }
 
 #: Modules that declare the schema; a name appearing there does not mean anything reads it.
 DECLARATIONS = {
     REPO_ROOT / "agentevolver" / "config" / "schema.py",
     REPO_ROOT / "agentevolver" / "client" / "llm_config.py",
+    REPO_ROOT / "agentevolver" / "module" / "agent_flow" / "config.py",
+    REPO_ROOT / "agentevolver" / "module" / "context_manager" / "config.py",
 }
 
 CODE_ROOTS = [REPO_ROOT / "agentevolver", REPO_ROOT / "env_service", REPO_ROOT / "launcher.py"]

@@ -310,6 +310,10 @@ class EnvClient(ClosingContext):
     async def alist_envs(self) -> list[dict[str, Any]]:
         return await self._arequest("GET", "/envs", None, True)
 
+    async def atools(self, env_type: str) -> list[dict[str, Any]] | None:
+        """Tool schemas the environment serves (None when it takes free text)."""
+        return await self._arequest("GET", f"/envs/{env_type}/tools", None, True)
+
     async def aget_env_profile(self, env_type: str, split: str = "train") -> list[str]:
         return await self._arequest("POST", "/get_env_profile",
                                     self._envelope(env_type, params={"split": split}), True)

@@ -12,6 +12,7 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from agentevolver.client.llm_config import LLMConfig
+from agentevolver.module.agent_flow.config import AgentFlowConfig
 
 
 class _Section(BaseModel):
@@ -151,6 +152,7 @@ class AgentEvolverSettings(_Section):
     """All of this project's sections, validated together (cross-section rules live here)."""
 
     env_service: EnvServiceSection
+    agent_flow: AgentFlowConfig
     task_manager: TaskManagerSection
     exp_manager: ExpManagerSection
     memory: MemorySection

@@ -1,0 +1,121 @@
+"""What one episode produced: its samples, how it ended, its reward and numbers, and its dump record.
+
+An :class:`EpisodeResult` is returned for every episode, failed ones included (``termination`` says why
+it ended, ``error`` what went wrong), so the trainer counts failures instead of losing them.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from agentevolver.schema.sample import Sample
+from agentevolver.schema.trajectory import Reward
+
+__all__ = ["TERMINATIONS", "EpisodeResult", "EpisodeSpec", "Termination"]
+
+#: Why an episode ended:
+#: ``finished`` - the environment said the task is over; ``max_steps`` - ``agent_flow.max_steps`` generations;
+#: ``budget`` - no generation fits the token budget any more; ``env_error`` - the environment failed
+#: (instance lost, or ``max_env_errors`` failed steps in a row, or /create failed); ``parse_error`` -
+#: malformed actions (``on_parse_error``/``max_parse_errors``); ``madness`` - a repetitive generation
+#: with ``madness.terminate``; ``error`` - anything else (e.g. the rollout server failed), see ``error``.
+Termination = Literal["finished", "max_steps", "budget", "env_error", "parse_error", "madness", "error"]
+TERMINATIONS: tuple[str, ...] = ("finished", "max_steps", "budget", "env_error", "parse_error", "madness", "error")
+
+
+class EpisodeSpec(BaseModel):
+    """One episode to run: the task and what this rollout of it carries.
+
+    ``group_id`` groups the ``rollout.n`` episodes of a task (GRPO's group); ``experience`` is retrieved text
+    appended to the task message (Self-Navigating); ``exp_mask`` marks a sample whose training context will
+    differ from its generation context; ``tool_selection`` picks local tools (None = all, [] = none).
+    """
+
+    model_config = ConfigDict(extra="forbid", arbitrary_types_allowed=True)
+
+    task_id: str = Field(min_length=1)
+    env_type: str = Field(min_length=1)
+    query: str | None = None
+    group_id: str = Field(min_length=1)
+    rollout_id: int = Field(default=0, ge=0)
+    experience: str | None = None
+    exp_mask: bool = False
+    tool_selection: Any = None
+    env_params: dict[str, Any] = Field(default_factory=dict)
+    metadata: dict[str, Any] = Field(default_factory=dict)
+
+
+class EpisodeResult(BaseModel):
+    """The outcome of one episode (see the module docstring)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    task_id: str
+    env_type: str
+    group_id: str
+    rollout_id: int
+    instance_id: str | None = None
+    termination: Termination
+    error: str | None = None
+    num_turns: int = 0
+    reward: Reward = Field(default_factory=Reward)
+    samples: list[Sample] = Field(default_factory=list)
+    messages: list[dict[str, Any]] = Field(default_factory=list)
+    metrics: dict[str, float] = Field(default_factory=dict)
+
+    @property
+    def final_sample(self) -> Sample | None:
+        """The sample holding the episode's last generation (the only one for append-only managers)."""
+        return self.samples[-1] if self.samples else None
+
+    @property
+    def success(self) -> bool:
+        """True when the environment's score reached ``agent_flow.success_threshold``."""
+        return self.reward.success_rate >= 1.0
+
+    def to_dump_record(
+        self, *, step: int, advantages: list[float] | None = None, include_messages: bool = True
+    ) -> dict[str, Any]:
+        """One JSON object for ``<run dir>/rollouts/step_<N>.jsonl`` (format: docs/rollout_dumps.md).
+
+        Token fields are those of :attr:`final_sample`; a multi-sample episode (``self_clip``, ``memory``,
+        ``linear_think``) lists its earlier samples under ``other_samples`` with the same token fields.
+        """
+        record: dict[str, Any] = {
+            "step": step,
+            "task_id": self.task_id,
+            "env_type": self.env_type,
+            "group_id": self.group_id,
+            "rollout_id": self.rollout_id,
+            "instance_id": self.instance_id,
+            "termination": self.termination,
+            "error": self.error,
+            "num_turns": self.num_turns,
+            "reward": self.reward.model_dump(),
+            "success": self.success,
+            "metrics": self.metrics,
+        }
+        final = self.final_sample
+        record.update(_token_fields(final) if final is not None else _token_fields(None))
+        record["other_samples"] = [_token_fields(sample) for sample in self.samples[:-1]]
+        record["advantages"] = advantages
+        if include_messages:
+            record["messages"] = self.messages
+        return record
+
+
+def _token_fields(sample: Sample | None) -> dict[str, Any]:
+    if sample is None:
+        return {"prompt_ids": [], "response_ids": [], "response_mask": [], "response_logprobs": None,
+                "step_ids": [], "exp_mask": False, "experience_span": None}
+    return {
+        "prompt_ids": sample.prompt_ids,
+        "response_ids": sample.response_ids,
+        "response_mask": sample.response_mask,
+        "response_logprobs": sample.response_logprobs,
+        "step_ids": sample.step_ids,
+        "exp_mask": sample.exp_mask,
+        "experience_span": sample.extras.get("experience_span"),
+    }

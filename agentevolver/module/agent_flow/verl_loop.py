@@ -1,0 +1,147 @@
+"""The agent flow as a verl agent loop, so verl's ``AgentLoopManager`` drives our episodes.
+
+Registered as ``agentevolver`` in ``verl.experimental.agent_loop``: set
+``actor_rollout_ref.rollout.agent.default_agent_loop=agentevolver`` (or an ``agent_name`` column). verl
+builds one loop object per sample and calls ``run(sampling_params, **row)``; generation then goes through
+verl's server manager (vLLM replicas on GPU, the CPU rollout server on CPU) with one request id per episode.
+
+The dataset row carries the episode under ``task`` (an :class:`EpisodeSpec` dict without ``group_id``,
+which comes from verl's ``uid`` column so the ``rollout.n`` copies of a row form one GRPO group) and
+optionally ``rollout_id``. The output is the episode's final sample; everything else the trainer needs
+(step_ids, termination, reward parts, exp_mask, metrics, earlier samples of multi-sample context managers,
+the dump record) travels in ``extra_fields``.
+
+Process-wide objects (the env client's connection pool, the flow with its parsed config) are cached per
+worker process, keyed by the config they were built from: verl creates a loop object per *sample*, and a
+connection pool per sample would defeat pooling. They hold no per-episode state.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+from collections.abc import Mapping
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+from verl.experimental.agent_loop.agent_loop import AgentLoopBase, AgentLoopMetrics, AgentLoopOutput, register
+
+from agentevolver.client.env_client import EnvClient
+from agentevolver.client.llm_client import client_for_role
+from agentevolver.errors import ConfigError
+from agentevolver.module.agent_flow.config import AgentFlowConfig
+from agentevolver.module.agent_flow.episode import EpisodeResult, EpisodeSpec
+from agentevolver.module.agent_flow.flow import AgentFlow
+
+__all__ = ["AGENT_LOOP_NAME", "AgentEvolverAgentLoop", "episode_spec_from_row", "flow_budgets"]
+
+logger = logging.getLogger(__name__)
+
+#: The name to put in ``rollout.agent.default_agent_loop`` / the ``agent_name`` column.
+AGENT_LOOP_NAME = "agentevolver"
+
+_CACHE_LOCK = threading.Lock()
+_ENV_CLIENTS: dict[str, EnvClient] = {}
+
+
+def flow_budgets(config: DictConfig) -> dict[str, int]:
+    """Token budgets of an episode from verl's keys: prompt cap, response cap and their sum as the window."""
+    prompt = int(config.data.max_prompt_length)
+    response = int(config.actor_rollout_ref.rollout.response_length)
+    return {"max_prompt_len": prompt, "max_response_len": response, "max_model_len": prompt + response}
+
+
+def _plain(node: Any) -> Any:
+    return OmegaConf.to_container(node, resolve=True) if OmegaConf.is_config(node) else node
+
+
+def _shared_env_client(section: Any) -> EnvClient:
+    """One env client (one connection pool) per worker process and env-service config."""
+    key = json.dumps(_plain(section), sort_keys=True, default=str)
+    with _CACHE_LOCK:
+        client = _ENV_CLIENTS.get(key)
+        if client is None:
+            client = _ENV_CLIENTS[key] = EnvClient.from_config(section)
+        return client
+
+
+def episode_spec_from_row(row: Mapping[str, Any]) -> EpisodeSpec:
+    """The episode of one dataset row (see the module docstring); errors name the missing field."""
+    task = row.get("task")
+    if isinstance(task, str):
+        task = json.loads(task)
+    if not isinstance(task, Mapping):
+        raise ConfigError("agentevolver agent loop: each dataset row needs a 'task' field (a dict with task_id, "
+                          f"env_type, ...); got {type(task).__name__}")
+    fields = dict(task)
+    fields.setdefault("group_id", str(row.get("uid") or fields.get("task_id") or "group"))
+    if row.get("rollout_id") is not None:
+        fields["rollout_id"] = int(row["rollout_id"])
+    return EpisodeSpec.model_validate(fields)
+
+
+@register(AGENT_LOOP_NAME)
+class AgentEvolverAgentLoop(AgentLoopBase):
+    """verl agent loop running one :class:`AgentFlow` episode per sample."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.flow_config = AgentFlowConfig.model_validate(_plain(self.config.agent_flow))
+        clipper = None
+        if self.flow_config.context_template == "self_clip":
+            clipper = client_for_role(self.config.llm, "context_clipper")
+        self.flow = AgentFlow(
+            self.flow_config,
+            tokenizer=self.tokenizer,
+            env_client=_shared_env_client(self.config.env_service),
+            generate=self.server_manager.generate,
+            clipper=clipper,
+            **flow_budgets(self.config),
+        )
+
+    async def run(self, sampling_params: dict[str, Any], **kwargs: Any) -> AgentLoopOutput:
+        spec = episode_spec_from_row(kwargs)
+        result = await self.flow.run(spec, sampling_params)
+        return to_agent_loop_output(result, self.tokenizer)
+
+
+def to_agent_loop_output(result: EpisodeResult, tokenizer: Any) -> AgentLoopOutput:
+    """verl's per-sample output: the final sample's tensors and the rest in ``extra_fields``.
+
+    An episode that failed before its first prompt (e.g. /create failed) still yields a sample, so the
+    batch keeps its shape: a one-token prompt and an empty response (no token is trained), reward 0.
+    """
+    sample = result.final_sample
+    if sample is not None:
+        prompt_ids, response_ids = sample.prompt_ids, sample.response_ids
+        response_mask, logprobs, step_ids = sample.response_mask, sample.response_logprobs, sample.step_ids
+    else:
+        prompt_ids = [tokenizer.eos_token_id if tokenizer.eos_token_id is not None else 0]
+        response_ids, response_mask, logprobs, step_ids = [], [], None, []
+    record = result.to_dump_record(step=-1)
+    extra = {
+        "step_ids": step_ids,
+        "termination": result.termination,
+        "task_id": result.task_id,
+        "group_id": result.group_id,
+        "reward_outcome": result.reward.outcome,
+        "reward_success_rate": result.reward.success_rate,
+        "reward_madness": result.reward.madness,
+        "exp_mask": bool(sample.exp_mask) if sample is not None else False,
+        "episode_metrics": result.metrics,
+        "episode_record": record,
+    }
+    return AgentLoopOutput(
+        prompt_ids=prompt_ids,
+        response_ids=response_ids,
+        response_mask=response_mask,
+        response_logprobs=logprobs,
+        reward_score=result.reward.outcome,
+        num_turns=result.num_turns,
+        metrics=AgentLoopMetrics(
+            generate_sequences=result.metrics.get("time/generate_s", 0.0),
+            tool_calls=result.metrics.get("time/tool_s", 0.0) + result.metrics.get("time/env_s", 0.0),
+        ),
+        extra_fields=extra,
+    )

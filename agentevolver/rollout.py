@@ -1,0 +1,165 @@
+"""Rollout-only job: run the policy on an environment's tasks and write the rollout dump, no training.
+
+    python -m agentevolver.rollout --split val --num-tasks 8 [--n 4] [--greedy] [hydra overrides ...]
+
+Uses the same config as training (model ``actor_rollout_ref.model.path``, sampling ``actor_rollout_ref
+.rollout.*``, budgets ``data.max_prompt_length`` + ``rollout.response_length``, ``env_service``,
+``agent_flow``) and the same agent flow, with the CPU generator (transformers) serving generations. The
+episodes go to ``<run dir>/rollouts/step_<N>.jsonl`` (docs/rollout_dumps.md) and a summary table is
+printed. Use it to check a setup before training, to measure a baseline, or to look at what a checkpoint
+does (``actor_rollout_ref.model.path=<checkpoint folder>``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from agentevolver.config import load_config
+from agentevolver.errors import AgentEvolverError, ConfigError
+
+__all__ = ["main", "run_rollout"]
+
+logger = logging.getLogger(__name__)
+
+
+def _sampling_params(rollout: Any, greedy: bool) -> dict[str, Any]:
+    source = rollout.val_kwargs if greedy else rollout
+    return {"temperature": float(source.temperature), "top_p": float(source.top_p), "top_k": int(source.top_k),
+            "logprobs": bool(rollout.calculate_log_probs)}
+
+
+def _run_dir(cfg: Any, override: str | None) -> Path:
+    if override:
+        return Path(override)
+    return Path(str(cfg.trainer.default_local_dir))
+
+
+def _dump_dir(cfg: Any, settings: Any, run_dir: Path) -> Path:
+    configured = settings.agent_flow.dump.dir
+    return Path(configured) if configured else run_dir / "rollouts"
+
+
+async def run_rollout(args: argparse.Namespace, console: Console) -> tuple[list[Any], Path | None]:
+    """Run the job described by ``args``; returns the episode results and the dump path (None if off)."""
+    from transformers import AutoTokenizer
+
+    from agentevolver.backends.cpu import HFGenerator
+    from agentevolver.client.env_client import EnvClient
+    from agentevolver.client.llm_client import client_for_role
+    from agentevolver.models import resolve_model_path
+    from agentevolver.module.agent_flow import AgentFlow, RolloutDumpWriter
+    from agentevolver.module.agent_flow.runner import group_specs, run_episodes
+    from agentevolver.module.agent_flow.verl_loop import flow_budgets
+
+    cfg, settings = load_config(args.overrides)
+    rollout = cfg.actor_rollout_ref.rollout
+    env_type = settings.env_service.env_type
+    n = args.n if args.n is not None else int(rollout.n)
+    model_path = resolve_model_path(str(cfg.actor_rollout_ref.model.path))
+    tokenizer = AutoTokenizer.from_pretrained(model_path)
+    budgets = flow_budgets(cfg)
+    generator = HFGenerator.from_pretrained(str(model_path), dtype=args.dtype,
+                                            max_batch_size=args.max_batch_size, seed=args.seed,
+                                            default_max_tokens=budgets["max_response_len"])
+    clipper = None
+    if settings.agent_flow.context_template == "self_clip":
+        clipper = client_for_role(settings.llm, "context_clipper")
+    async with EnvClient.from_config(settings.env_service) as env:
+        if args.task_id:
+            task_ids = list(args.task_id)
+        else:
+            task_ids = (await env.aget_env_profile(env_type, args.split))[: args.num_tasks]
+        if not task_ids:
+            raise ConfigError(f"--split {args.split!r} of environment {env_type!r} has no tasks")
+        flow = AgentFlow(settings.agent_flow, tokenizer=tokenizer, env_client=env, generate=generator.generate,
+                         clipper=clipper, **budgets)
+        specs = group_specs([{"task_id": t, "env_type": env_type} for t in task_ids], n)
+        params = _sampling_params(rollout, args.greedy)
+        with Progress(TextColumn("episodes"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                      console=console, transient=True) as progress:
+            bar = progress.add_task("episodes", total=len(specs))
+            results = await run_episodes(flow, specs, params, concurrency=args.concurrency,
+                                         on_done=lambda _: progress.advance(bar))
+    await generator.aclose()
+    dump_path = None
+    if settings.agent_flow.dump.enable:
+        writer = RolloutDumpWriter(_dump_dir(cfg, settings, _run_dir(cfg, args.run_dir)),
+                                   include_messages=settings.agent_flow.dump.include_messages)
+        dump_path = writer.write(args.step, results)
+    return results, dump_path
+
+
+def summary_table(results: list[Any], seconds: float) -> Table:
+    """Episodes, success, reward, turns, tokens and how episodes ended."""
+    table = Table(title="rollout", show_header=True)
+    table.add_column("metric")
+    table.add_column("value", justify="right")
+    count = len(results) or 1
+    ends = Counter(r.termination for r in results)
+    tokens = sum(r.metrics.get("episode/generated_tokens", 0.0) for r in results)
+    rows = [
+        ("episodes", str(len(results))),
+        ("success rate", f"{100 * sum(r.success for r in results) / count:.1f}%"),
+        ("mean reward", f"{sum(r.reward.outcome for r in results) / count:.3f}"),
+        ("mean turns", f"{sum(r.num_turns for r in results) / count:.2f}"),
+        ("generated tokens", f"{tokens:.0f}"),
+        ("episodes / s", f"{len(results) / seconds:.2f}" if seconds > 0 else "-"),
+        ("ended by", ", ".join(f"{k} {v}" for k, v in sorted(ends.items()))),
+    ]
+    for name, value in rows:
+        table.add_row(name, value)
+    return table
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m agentevolver.rollout", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--split", default="val", help="environment split to take tasks from (default val)")
+    parser.add_argument("--num-tasks", type=int, default=8, help="first N task ids of the split (default 8)")
+    parser.add_argument("--task-id", action="append", help="run this task id (repeatable; overrides --split)")
+    parser.add_argument("--n", type=int, default=None, help="episodes per task (default rollout.n)")
+    parser.add_argument("--greedy", action="store_true", help="sample with rollout.val_kwargs (validation)")
+    parser.add_argument("--run-dir", default=None, help="run folder (default trainer.default_local_dir)")
+    parser.add_argument("--step", type=int, default=0, help="step number of the dump file (default 0)")
+    parser.add_argument("--concurrency", type=int, default=32, help="episodes in flight (default 32)")
+    parser.add_argument("--max-batch-size", type=int, default=16, help="generations batched together")
+    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"],
+                        help="model dtype on CPU (default float32)")
+    parser.add_argument("--seed", type=int, default=None, help="sampling seed (reproducible runs)")
+    parser.add_argument("--log-level", default="WARNING")
+    parser.add_argument("overrides", nargs="*", help="Hydra overrides, e.g. env_service.env_type=calc")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
+    console = Console()
+    if args.num_tasks < 1 or args.concurrency < 1 or (args.n is not None and args.n < 1):
+        console.print("[red]error:[/] --num-tasks, --concurrency and --n must be >= 1")
+        return 2
+    started = time.perf_counter()
+    try:
+        results, dump_path = asyncio.run(run_rollout(args, console))
+    except AgentEvolverError as err:
+        console.print(f"[red]error:[/] {err}")
+        return 2
+    console.print(summary_table(results, time.perf_counter() - started))
+    if dump_path is not None:
+        console.print(f"rollout dump: {dump_path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
