@@ -1,0 +1,456 @@
+"""A batched Hugging Face generator with verl's rollout-server call signature, for CPU rollouts.
+
+On GPU, agent loops call verl's server manager (``LLMServerClient.generate``), which forwards to vLLM. On a
+CPU-only machine there is no vLLM, yet the same agent loop must run: :class:`HFGenerator` offers the same
+``generate(request_id, *, prompt_ids, sampling_params) -> TokenOutput`` over a transformers model.
+
+Many episodes await ``generate`` at once, so calls are not run one by one: a background task collects the
+requests that arrive within ``batch_wait_s`` of the first (up to ``max_batch_size``), left-pads them into one
+batch and decodes it in a worker thread, keeping the event loop free for the episodes' environment calls.
+The decode loop is our own KV-cache loop rather than ``model.generate`` because it lets every row keep its
+own sampling settings, stop tokens, seed and ``max_tokens`` inside one forward pass (``model.generate``
+would need one batch per distinct setting), drops rows from the batch as soon as they finish instead of
+computing padding until the longest one ends, and computes only the last position's logits at prefill.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import numbers
+import threading
+import time
+from collections import deque
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from verl.workers.rollout.replica import TokenOutput
+
+from agentevolver.backends.cpu.sampling import RowSampler, SamplingSettings, parse_sampling_params
+
+logger = logging.getLogger(__name__)
+
+_DTYPES = ("float32", "bfloat16", "float16")
+#: generate() keyword arguments verl may pass; a non-empty value means input this text-only backend lacks.
+_MULTIMODAL_KWARGS = ("image_data", "video_data", "audio_data", "mm_processor_kwargs")
+
+
+class GeneratorClosedError(RuntimeError):
+    """``generate`` was called after :meth:`HFGenerator.aclose`."""
+
+
+class GenerationError(RuntimeError):
+    """A batch failed inside the model; every request of that batch receives one (``__cause__`` = why)."""
+
+
+@dataclass(slots=True)
+class _Request:
+    request_id: str
+    prompt_ids: list[int]
+    settings: SamplingSettings
+    future: asyncio.Future[TokenOutput]
+    arrived: float
+
+
+@dataclass(slots=True)
+class _Output:
+    stop_ids: frozenset[int]
+    token_ids: list[int] = field(default_factory=list)
+    log_probs: list[float] = field(default_factory=list)
+    stop_reason: str | None = None
+
+
+class HFGenerator:
+    """Serves ``generate`` calls from a causal LM by dynamic batching; see the module docstring.
+
+    Args:
+        model: a transformers causal LM (put in eval mode here). Used from one worker thread at a time.
+        eos_token_ids: tokens that end a response (the chat template closes a turn with one of them).
+        pad_token_id: id written into left padding (masked out, so any valid id works).
+        max_batch_size: most requests decoded together.
+        batch_wait_s: how long the first request of a batch waits for company.
+        seed: seeds the generator-wide sampling stream (requests without their own ``seed``).
+        default_max_tokens: used when a request's ``sampling_params`` has no ``max_tokens``.
+    """
+
+    def __init__(
+        self,
+        model: Any,
+        eos_token_ids: Sequence[int],
+        *,
+        pad_token_id: int,
+        max_batch_size: int = 16,
+        batch_wait_s: float = 0.002,
+        seed: int | None = None,
+        default_max_tokens: int | None = None,
+    ) -> None:
+        if max_batch_size < 1:
+            raise ValueError(f"max_batch_size must be >= 1; got {max_batch_size}")
+        if batch_wait_s < 0:
+            raise ValueError(f"batch_wait_s must be >= 0; got {batch_wait_s}")
+        if default_max_tokens is not None and default_max_tokens < 1:
+            raise ValueError(f"default_max_tokens must be >= 1 or None; got {default_max_tokens}")
+        self.model = model.eval()
+        self.device: torch.device = next(model.parameters()).device
+        self.vocab_size = int(model.config.vocab_size)
+        self.max_positions: int | None = getattr(model.config, "max_position_embeddings", None)
+        self.eos_token_ids = tuple(int(t) for t in eos_token_ids)
+        if not self.eos_token_ids:
+            raise ValueError("eos_token_ids is empty: without one, every response would run to max_tokens")
+        self.pad_token_id = int(pad_token_id)
+        self.max_batch_size = max_batch_size
+        self.batch_wait_s = batch_wait_s
+        self.default_max_tokens = default_max_tokens
+        self.tokenizer: Any = None  # set by from_pretrained, for callers that want the matching tokenizer
+        self._rng = torch.Generator(device=self.device)
+        if seed is None:
+            self._rng.seed()  # non-deterministic, without touching torch's global RNG
+        else:
+            self._rng.manual_seed(seed)
+        self._model_lock = threading.Lock()  # decode vs load_weights
+        self._stop_batch: threading.Event | None = None  # the running batch's; aclose sets it to end it early
+        self._pending: deque[_Request] = deque()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._wakeup: asyncio.Event | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._closed = False
+        self.stats: dict[str, float] = {
+            "requests": 0,  # generate calls accepted
+            "batches": 0,  # batched decodes run (each one prefill + decode steps)
+            "rows": 0,  # requests decoded, summed over batches (rows / batches = mean batch size)
+            "max_rows": 0,  # largest batch so far
+            "prompt_tokens": 0,
+            "generated_tokens": 0,
+            "decode_steps": 0,  # forward passes after prefill
+            "failed_batches": 0,
+            "aborted": 0,  # requests answered with stop_reason "aborted"
+            "weight_loads": 0,
+            "model_seconds": 0.0,  # wall time spent in batches (worker thread)
+        }
+
+    @classmethod
+    def from_pretrained(cls, path: str, *, dtype: str = "float32", **kwargs: Any) -> HFGenerator:
+        """Load a model folder or built-in name (``tiny-test``, ``smollm2-135m-instruct``) with SDPA attention.
+
+        EOS ids come from the generation config, the model config and the tokenizer together: SmolLM2's
+        chat template closes every turn with the tokenizer's eos ``<|im_end|>``, which is what must stop a
+        response. ``pad_token_id`` defaults to the tokenizer's pad token (else the first EOS).
+        """
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        from agentevolver.models import resolve_model_path
+
+        if dtype not in _DTYPES:
+            raise ValueError(f"dtype must be one of {', '.join(_DTYPES)}; got {dtype!r}")
+        folder = resolve_model_path(path)
+        model = AutoModelForCausalLM.from_pretrained(
+            folder, dtype=getattr(torch, dtype), attn_implementation="sdpa"
+        )
+        tokenizer = AutoTokenizer.from_pretrained(folder)
+        eos = _eos_token_ids(getattr(model, "generation_config", None), model.config, tokenizer)
+        pad = kwargs.pop("pad_token_id", None)
+        if pad is None:
+            pad = next((t for t in (tokenizer.pad_token_id, model.config.pad_token_id) if t is not None), eos[0])
+        generator = cls(model, eos, pad_token_id=pad, **kwargs)
+        generator.tokenizer = tokenizer
+        logger.info("HFGenerator: %s (%s), eos=%s pad=%s", folder, dtype, eos, pad)
+        return generator
+
+    async def generate(
+        self, request_id: str, *, prompt_ids: list[int], sampling_params: dict[str, Any], **kwargs: Any
+    ) -> TokenOutput:
+        """Generate a response to ``prompt_ids``; same call as verl's ``LLMServerClient.generate``.
+
+        Returns the response tokens cut right after the first stop token (EOS or ``stop_token_ids``,
+        included, as vLLM does) or at ``max_tokens``; ``log_probs`` only when ``sampling_params["logprobs"]``.
+
+        Raises:
+            ValueError: a bad sampling parameter, an empty/out-of-vocabulary prompt, or a prompt that leaves
+                no room for ``max_tokens`` within the model's positions.
+            GenerationError: the batch this request ran in failed.
+            GeneratorClosedError: after :meth:`aclose`.
+        """
+        if self._closed:
+            raise GeneratorClosedError("HFGenerator is closed")
+        for key in _MULTIMODAL_KWARGS:
+            value = kwargs.get(key)
+            if value is not None and (not hasattr(value, "__len__") or len(value) > 0):
+                raise ValueError(f"{key} is not supported: HFGenerator serves text-only models")
+        settings = parse_sampling_params(
+            sampling_params, default_max_tokens=self.default_max_tokens, vocab_size=self.vocab_size
+        )
+        prompt = self._checked_prompt(prompt_ids, settings.max_tokens)
+        loop = asyncio.get_running_loop()
+        wakeup = self._ensure_serving(loop)
+        future: asyncio.Future[TokenOutput] = loop.create_future()
+        self._pending.append(_Request(str(request_id), prompt, settings, future, loop.time()))
+        self.stats["requests"] += 1
+        wakeup.set()
+        return await future
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> int:
+        """Copy ``(name, tensor)`` pairs into the model's parameters in place; return how many were copied.
+
+        This is how the trainer's updated weights reach the rollout model. Every pair is checked before any
+        is copied, so a bad name or shape leaves the model untouched. Tied aliases (``lm_head.weight`` of a
+        tied model) are accepted. Waits for a running batch to finish: call it between rollouts.
+
+        Raises:
+            KeyError: a name the model does not have.
+            ValueError: a shape that differs from the parameter's.
+        """
+        params = dict(self.model.named_parameters(remove_duplicate=False))
+        staged: list[tuple[torch.nn.Parameter, torch.Tensor]] = []
+        for name, tensor in weights:
+            param = params.get(name)
+            if param is None:
+                close = [known for known in params if known.rsplit(".", 1)[-1] == name.rsplit(".", 1)[-1]][:3]
+                raise KeyError(f"load_weights: the model has no parameter {name!r} (similar: {close})")
+            if tuple(tensor.shape) != tuple(param.shape):
+                raise ValueError(
+                    f"load_weights: {name!r} has shape {tuple(tensor.shape)}; the model's is {tuple(param.shape)}"
+                )
+            staged.append((param, tensor))
+        with self._model_lock, torch.no_grad():
+            for param, tensor in staged:
+                param.copy_(tensor.to(device=param.device, dtype=param.dtype))
+        self.stats["weight_loads"] += 1
+        return len(staged)
+
+    async def aclose(self) -> None:
+        """Stop serving: queued requests and the running batch end with ``stop_reason="aborted"``.
+
+        The running batch stops after its current decode step and returns the tokens it has so far (as
+        vLLM does on abort); queued requests get no tokens. Later ``generate`` calls raise.
+        """
+        if self._closed:
+            return
+        self._closed = True
+        if self._stop_batch is not None:
+            self._stop_batch.set()
+        while self._pending:
+            request = self._pending.popleft()
+            if not request.future.done():
+                request.future.set_result(TokenOutput(token_ids=[], log_probs=None, stop_reason="aborted"))
+                self.stats["aborted"] += 1
+        task, self._task = self._task, None
+        if task is None or task.done():
+            return
+        if self._loop is asyncio.get_running_loop():
+            assert self._wakeup is not None
+            self._wakeup.set()
+            await task
+        else:  # closed from another loop: it cannot await the task, so it only cancels it
+            task.cancel()
+
+    async def __aenter__(self) -> HFGenerator:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.aclose()
+
+    # -- request intake -------------------------------------------------------------------------------------
+
+    def _checked_prompt(self, prompt_ids: Sequence[int], max_tokens: int) -> list[int]:
+        if isinstance(prompt_ids, torch.Tensor) or hasattr(prompt_ids, "__array__"):
+            prompt_ids = prompt_ids.tolist()  # type: ignore[union-attr]
+        prompt = list(prompt_ids)
+        if not prompt:
+            raise ValueError("prompt_ids is empty: a response needs at least one prompt token")
+        for token in prompt:
+            if isinstance(token, bool) or not isinstance(token, numbers.Integral) or not 0 <= token < self.vocab_size:
+                raise ValueError(f"prompt_ids must hold integers in [0, {self.vocab_size}); got {token!r}")
+        if self.max_positions is not None and len(prompt) + max_tokens > self.max_positions:
+            raise ValueError(
+                f"prompt_ids ({len(prompt)} tokens) + sampling_params.max_tokens ({max_tokens}) = "
+                f"{len(prompt) + max_tokens} exceeds the model's max_position_embeddings ({self.max_positions})"
+            )
+        return [int(token) for token in prompt]
+
+    def _ensure_serving(self, loop: asyncio.AbstractEventLoop) -> asyncio.Event:
+        """Start the batching task on ``loop`` (again, if an earlier loop has gone away)."""
+        if self._task is not None and not self._task.done() and self._loop is loop:
+            assert self._wakeup is not None
+            return self._wakeup
+        if self._loop is not None and self._loop is not loop:
+            self._pending.clear()  # futures of a previous (closed) loop can never be resolved
+        self._loop = loop
+        self._wakeup = asyncio.Event()
+        self._task = loop.create_task(self._serve(self._wakeup), name="hf-generator-batcher")
+        return self._wakeup
+
+    # -- batching ---------------------------------------------------------------------------------------------
+
+    async def _serve(self, wakeup: asyncio.Event) -> None:
+        loop = asyncio.get_running_loop()
+        batch: list[_Request] = []
+        try:
+            while not self._closed:
+                if not self._pending:
+                    wakeup.clear()
+                    await wakeup.wait()
+                    continue
+                await self._wait_for_company(loop, wakeup)
+                batch = self._take_batch()
+                if batch:
+                    await self._run_batch(batch)
+        except Exception as exc:  # a bug here must not leave callers awaiting forever
+            logger.exception("HFGenerator: the batching task failed")
+            for request in [*batch, *self._pending]:
+                if not request.future.done():
+                    error = GenerationError(f"the batching task failed: {exc!r}")
+                    error.__cause__ = exc
+                    request.future.set_exception(error)
+            self._pending.clear()  # the task ends here; the next generate() starts a fresh one
+
+    async def _wait_for_company(self, loop: asyncio.AbstractEventLoop, wakeup: asyncio.Event) -> None:
+        """Wait until the batch is full or ``batch_wait_s`` has passed since its first request arrived.
+
+        Measured from arrival, so requests that queued up during the previous batch start at once.
+        """
+        deadline = self._pending[0].arrived + self.batch_wait_s
+        while len(self._pending) < self.max_batch_size and not self._closed:
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                return
+            wakeup.clear()
+            try:
+                await asyncio.wait_for(wakeup.wait(), remaining)
+            except TimeoutError:
+                return
+
+    def _take_batch(self) -> list[_Request]:
+        batch: list[_Request] = []
+        while self._pending and len(batch) < self.max_batch_size:
+            request = self._pending.popleft()
+            if not request.future.done():  # the caller may have been cancelled while queued
+                batch.append(request)
+        return batch
+
+    async def _run_batch(self, batch: list[_Request]) -> None:
+        started = time.perf_counter()
+        stop = self._stop_batch = threading.Event()
+        try:
+            outputs, steps = await asyncio.to_thread(self._decode, batch, stop)
+        except asyncio.CancelledError:
+            stop.set()  # the loop is going away: let the worker thread finish early
+            raise
+        except Exception as exc:
+            self.stats["failed_batches"] += 1
+            logger.warning("HFGenerator: a batch of %d requests failed: %r", len(batch), exc)
+            for request in batch:
+                if not request.future.done():
+                    error = GenerationError(f"generation failed for request {request.request_id!r}: {exc!r}")
+                    error.__cause__ = exc
+                    request.future.set_exception(error)
+            return
+        finally:
+            self._stop_batch = None
+            self.stats["model_seconds"] += time.perf_counter() - started
+        self.stats["batches"] += 1
+        self.stats["rows"] += len(batch)
+        self.stats["max_rows"] = max(self.stats["max_rows"], len(batch))
+        self.stats["decode_steps"] += steps
+        self.stats["prompt_tokens"] += sum(len(r.prompt_ids) for r in batch)
+        for request, output in zip(batch, outputs, strict=True):
+            self.stats["generated_tokens"] += len(output.token_ids)
+            self.stats["aborted"] += output.stop_reason == "aborted"
+            if not request.future.done():
+                request.future.set_result(output)
+
+    # -- decoding (worker thread) ------------------------------------------------------------------------------
+
+    def _decode(self, batch: list[_Request], stop: threading.Event) -> tuple[list[TokenOutput], int]:
+        with self._model_lock, torch.inference_mode():
+            return self._decode_locked(batch, stop)
+
+    def _decode_locked(self, batch: list[_Request], stop: threading.Event) -> tuple[list[TokenOutput], int]:
+        """Prefill the left-padded prompts, then decode one token per live row per step.
+
+        Position ids count real tokens only (padding gets 0 and is masked), so a row's numbers do not
+        depend on how much padding its batch-mates forced on it: greedy output is batch-invariant up to
+        floating-point effects of the batch shape.
+        """
+        from transformers import DynamicCache
+
+        settings = [r.settings for r in batch]
+        outputs = [
+            _Output(frozenset(s.stop_token_ids if s.ignore_eos else (*self.eos_token_ids, *s.stop_token_ids)))
+            for s in settings
+        ]
+        width = max(len(r.prompt_ids) for r in batch)
+        input_ids = torch.full((len(batch), width), self.pad_token_id, dtype=torch.long, device=self.device)
+        mask = torch.zeros((len(batch), width), dtype=torch.long, device=self.device)
+        for row, request in enumerate(batch):
+            n = len(request.prompt_ids)
+            input_ids[row, width - n:] = torch.tensor(request.prompt_ids, dtype=torch.long)
+            mask[row, width - n:] = 1
+        positions = (mask.cumsum(dim=-1) - 1).clamp(min=0)
+        sampler = RowSampler(
+            settings, [r.prompt_ids for r in batch], vocab_size=self.vocab_size, shared_rng=self._rng,
+            device=self.device,
+        )
+        cache = DynamicCache(config=self.model.config)
+        logits = self.model(
+            input_ids=input_ids, attention_mask=mask, position_ids=positions, past_key_values=cache,
+            use_cache=True, logits_to_keep=1,
+        ).logits[:, -1, :]
+        positions = positions[:, -1:]
+        live = list(range(len(batch)))  # batch indices of the rows still decoding, in cache order
+        steps = 0
+        while True:
+            tokens, logprobs = sampler(logits)
+            token_list = tokens.tolist()
+            logprob_list = logprobs.tolist() if logprobs is not None else []
+            keep: list[int] = []
+            for slot, row in enumerate(live):
+                output, request = outputs[row], batch[row]
+                output.token_ids.append(token_list[slot])
+                if request.settings.logprobs:
+                    output.log_probs.append(logprob_list[slot])
+                if token_list[slot] in output.stop_ids:
+                    output.stop_reason = "completed"
+                elif len(output.token_ids) >= request.settings.max_tokens:
+                    output.stop_reason = "length"
+                elif stop.is_set() or request.future.done():
+                    output.stop_reason = "aborted"
+                else:
+                    keep.append(slot)
+            if not keep:
+                break
+            if len(keep) < len(live):
+                index = torch.tensor(keep, dtype=torch.long, device=self.device)
+                cache.batch_select_indices(index)
+                sampler.select(index)
+                mask, positions, tokens = mask[index], positions[index], tokens[index]
+                live = [live[slot] for slot in keep]
+            mask = torch.cat([mask, mask.new_ones((len(live), 1))], dim=-1)
+            positions = positions + 1
+            logits = self.model(
+                input_ids=tokens[:, None], attention_mask=mask, position_ids=positions, past_key_values=cache,
+                use_cache=True,
+            ).logits[:, -1, :]
+            steps += 1
+        return [
+            TokenOutput(
+                token_ids=o.token_ids,
+                log_probs=o.log_probs if s.logprobs else None,
+                stop_reason=o.stop_reason,
+            )
+            for o, s in zip(outputs, settings, strict=True)
+        ], steps
+
+
+def _eos_token_ids(*sources: Any) -> list[int]:
+    """EOS ids named by any of ``sources`` (generation config, model config, tokenizer), in that order."""
+    ids: list[int] = []
+    for source in sources:
+        value = getattr(source, "eos_token_id", None)
+        for token in value if isinstance(value, list | tuple) else [value]:
+            if token is not None and int(token) not in ids:
+                ids.append(int(token))
+    if not ids:
+        raise ValueError("the model names no eos_token_id (generation_config, config or tokenizer)")
+    return ids

@@ -1,0 +1,251 @@
+"""Sampling settings: validated once per request, then applied per row of a batched decode step.
+
+verl's agent-loop manager sends vLLM-style ``sampling_params`` dicts. A typo'd value (``top_p=0``,
+``temperature=-1``) would make vLLM fail far from its cause, and here it would silently sample garbage, so
+every known key is checked up front and a bad one raises ``ValueError`` naming the key and its allowed
+range. Unknown keys are ignored: verl adds keys over time (``ignore_eos``, ``priority``...) that mean nothing
+to this backend.
+
+:class:`RowSampler` then applies each row's own settings inside one batched step, so requests with different
+temperatures or top-p values can share a forward pass instead of being split into separate batches.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+#: Keys this backend reads; everything else in ``sampling_params`` is ignored.
+KNOWN_KEYS = frozenset(
+    {"temperature", "top_p", "top_k", "repetition_penalty", "logprobs", "max_tokens", "max_new_tokens",
+     "stop_token_ids", "ignore_eos", "seed"}
+)
+
+
+@dataclass(frozen=True, slots=True)
+class SamplingSettings:
+    """One request's validated sampling settings (defaults are vLLM's)."""
+
+    max_tokens: int
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0  # 0 = off (verl's -1 is normalised to 0)
+    repetition_penalty: float = 1.0
+    logprobs: bool = False
+    stop_token_ids: tuple[int, ...] = ()
+    ignore_eos: bool = False  # vLLM's flag: only stop_token_ids (and max_tokens) end the response
+    seed: int | None = None
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+
+def parse_sampling_params(
+    params: Mapping[str, Any], *, default_max_tokens: int | None, vocab_size: int
+) -> SamplingSettings:
+    """Validate the keys this backend knows and return them as :class:`SamplingSettings`.
+
+    ``max_tokens`` (or sglang's ``max_new_tokens``, which verl's vLLM server also accepts) falls back to
+    ``default_max_tokens``; with neither, the request is rejected rather than running to the context limit.
+
+    Raises:
+        ValueError: a known key has a bad type or value; the message names ``sampling_params.<key>``.
+    """
+    if not isinstance(params, Mapping):
+        raise ValueError(f"sampling_params must be a dict; got {type(params).__name__}")
+    temperature = _real(params, "temperature", 1.0)
+    if temperature < 0:
+        raise ValueError(f"sampling_params.temperature must be >= 0 (0 = greedy); got {temperature:g}")
+    top_p = _real(params, "top_p", 1.0)
+    if not 0 < top_p <= 1:
+        raise ValueError(f"sampling_params.top_p must be in (0, 1]; got {top_p:g}")
+    top_k = _integer(params, "top_k", 0)
+    if top_k < -1:
+        raise ValueError(f"sampling_params.top_k must be -1 or 0 (off) or >= 1; got {top_k}")
+    repetition_penalty = _real(params, "repetition_penalty", 1.0)
+    if repetition_penalty <= 0:
+        raise ValueError(f"sampling_params.repetition_penalty must be > 0 (1 = off); got {repetition_penalty:g}")
+    return SamplingSettings(
+        max_tokens=_max_tokens(params, default_max_tokens),
+        temperature=temperature,
+        top_p=top_p,
+        top_k=max(top_k, 0),
+        repetition_penalty=repetition_penalty,
+        logprobs=_flag(params, "logprobs"),
+        stop_token_ids=_stop_token_ids(params, vocab_size),
+        ignore_eos=_flag(params, "ignore_eos"),
+        seed=_optional_integer(params, "seed"),
+    )
+
+
+def _max_tokens(params: Mapping[str, Any], default: int | None) -> int:
+    key = "max_tokens" if params.get("max_tokens") is not None else "max_new_tokens"
+    value = params.get(key)
+    if value is None:
+        if default is None:
+            raise ValueError(
+                "sampling_params.max_tokens is required (this generator has no default_max_tokens); "
+                "pass an integer >= 1"
+            )
+        return default
+    max_tokens = _optional_integer(params, key)
+    if max_tokens is None or max_tokens < 1:
+        raise ValueError(f"sampling_params.{key} must be >= 1; got {max_tokens}")
+    return max_tokens
+
+
+def _real(params: Mapping[str, Any], key: str, default: float) -> float:
+    value = params.get(key)
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise ValueError(f"sampling_params.{key} must be a number; got {value!r}")
+    if not math.isfinite(value):
+        raise ValueError(f"sampling_params.{key} must be finite; got {value!r}")
+    return float(value)
+
+
+def _integer(params: Mapping[str, Any], key: str, default: int) -> int:
+    value = _optional_integer(params, key)
+    return default if value is None else value
+
+
+def _optional_integer(params: Mapping[str, Any], key: str) -> int | None:
+    """An int (numpy ints too), also accepting integral floats (configs sometimes produce ``16.0``)."""
+    value = params.get(key)
+    if value is None:
+        return None
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise ValueError(f"sampling_params.{key} must be an integer; got {value!r}")
+    return int(value)
+
+
+def _flag(params: Mapping[str, Any], key: str) -> bool:
+    value = params.get(key)
+    if value is None:
+        return False
+    if not isinstance(value, bool | numbers.Integral):
+        raise ValueError(f"sampling_params.{key} must be a bool; got {value!r}")
+    return bool(value)
+
+
+def _stop_token_ids(params: Mapping[str, Any], vocab_size: int) -> tuple[int, ...]:
+    value = params.get("stop_token_ids")
+    if value is None:
+        return ()
+    if isinstance(value, torch.Tensor) or hasattr(value, "__array__"):
+        value = value.tolist()  # numpy arrays / tensors of ids
+    if isinstance(value, str | bytes) or not isinstance(value, Sequence):
+        raise ValueError(f"sampling_params.stop_token_ids must be a list of token ids; got {value!r}")
+    for token in value:
+        if isinstance(token, bool) or not isinstance(token, numbers.Integral) or not 0 <= token < vocab_size:
+            raise ValueError(
+                f"sampling_params.stop_token_ids must hold integers in [0, {vocab_size}); got {token!r}"
+            )
+    return tuple(int(token) for token in value)
+
+
+class RowSampler:
+    """Chooses the next token of every row of a batch, each row under its own :class:`SamplingSettings`.
+
+    Per row: repetition penalty (vLLM/HF rule: positive logits divided, negative multiplied, over tokens
+    of the prompt and the output so far), then argmax for greedy rows, or temperature -> top-k -> top-p ->
+    multinomial for sampled rows. The returned log-prob is ``log_softmax(raw_logits / T)`` at the chosen
+    token (``T = 1`` for greedy rows): exactly what verl's actor recomputes, which never sees the
+    penalty, top-k or top-p. Rows are removed with :meth:`select` as they finish.
+    """
+
+    def __init__(
+        self,
+        settings: Sequence[SamplingSettings],
+        prompts: Sequence[Sequence[int]],
+        *,
+        vocab_size: int,
+        shared_rng: torch.Generator,
+        device: torch.device,
+    ) -> None:
+        self._device = device
+        self._temperature = torch.tensor(
+            [s.temperature if not s.greedy else 1.0 for s in settings], device=device
+        )
+        self._greedy = torch.tensor([s.greedy for s in settings], device=device)
+        # top-k 0 (off) becomes the whole vocabulary so one gather serves every row.
+        self._top_k = torch.tensor([s.top_k or vocab_size for s in settings], device=device)
+        self._top_p = torch.tensor([s.top_p for s in settings], device=device)
+        self._penalty = torch.tensor([s.repetition_penalty for s in settings], device=device)
+        # A request with its own seed gets its own generator, so its samples do not depend on which other
+        # requests share the batch; the rest draw, in row order, from the generator-wide stream.
+        self._rngs = [
+            torch.Generator(device=device).manual_seed(s.seed) if s.seed is not None else shared_rng
+            for s in settings
+        ]
+        self._any_sampled = not bool(self._greedy.all())
+        self._any_logprobs = any(s.logprobs for s in settings)
+        self._any_filter = bool((self._top_k < vocab_size).any() or (self._top_p < 1).any())
+        self._seen: torch.Tensor | None = None
+        if bool((self._penalty != 1).any()):
+            self._seen = torch.zeros((len(settings), vocab_size), dtype=torch.bool, device=device)
+            for row, prompt in enumerate(prompts):
+                self._seen[row, torch.tensor(prompt, dtype=torch.long, device=device)] = True
+
+    def select(self, rows: torch.Tensor) -> None:
+        """Keep only ``rows`` (indices into the current batch), in that order."""
+        self._temperature = self._temperature[rows]
+        self._greedy = self._greedy[rows]
+        self._top_k = self._top_k[rows]
+        self._top_p = self._top_p[rows]
+        self._penalty = self._penalty[rows]
+        self._rngs = [self._rngs[i] for i in rows.tolist()]
+        if self._seen is not None:
+            self._seen = self._seen[rows]
+
+    def __call__(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Return (next token per row, its log-prob) for ``logits`` of shape [rows, vocab].
+
+        The log-probs are ``None`` when no row asked for them (they cost a pass over the vocabulary).
+        """
+        raw = logits.float()
+        scores = raw
+        if self._seen is not None:
+            penalty = self._penalty[:, None]
+            penalized = torch.where(scores > 0, scores / penalty, scores * penalty)
+            scores = torch.where(self._seen, penalized, scores)
+        tokens = scores.argmax(dim=-1)
+        if self._any_sampled:
+            sampled = self._sample(scores / self._temperature[:, None])
+            tokens = torch.where(self._greedy, tokens, sampled)
+        if self._seen is not None:
+            self._seen[torch.arange(tokens.shape[0], device=self._device), tokens] = True
+        if not self._any_logprobs:
+            return tokens, None
+        scaled = raw / self._temperature[:, None]
+        chosen = scaled.gather(1, tokens[:, None]).squeeze(1)
+        return tokens, chosen - torch.logsumexp(scaled, dim=-1)
+
+    def _sample(self, scaled: torch.Tensor) -> torch.Tensor:
+        if self._any_filter:
+            scaled = self._filter(scaled)
+        probs = torch.softmax(scaled, dim=-1)
+        return torch.cat([
+            torch.multinomial(probs[row], 1, generator=rng) for row, rng in enumerate(self._rngs)
+        ])
+
+    def _filter(self, scaled: torch.Tensor) -> torch.Tensor:
+        """top-k then top-p, in one sort: keep the smallest prefix whose mass reaches top_p (at least 1)."""
+        ordered, order = scaled.sort(dim=-1, descending=True)
+        ranks = torch.arange(scaled.shape[-1], device=self._device)
+        remove = ranks[None, :] >= self._top_k[:, None]
+        ordered = ordered.masked_fill(remove, -math.inf)
+        probs = torch.softmax(ordered, dim=-1)
+        mass_before = probs.cumsum(dim=-1) - probs
+        remove |= mass_before > self._top_p[:, None]
+        remove[:, 0] = False
+        return scaled.masked_fill(remove.scatter(1, order, remove), -math.inf)
