@@ -29,6 +29,8 @@ class EnvServiceSection(_Section):
     """``env_service``: which environment the episodes act in, and where the service listens."""
 
     env_type: str = Field(min_length=1)
+    train_split: str = Field(min_length=1)
+    val_split: str = Field(min_length=1)
     env_url: HttpUrl
     timeout_s: float = Field(gt=0)
     max_retries: int = Field(ge=0)

@@ -14,11 +14,14 @@ from hydra.core.config_search_path import ConfigSearchPath
 from hydra.plugins.search_path_plugin import SearchPathPlugin
 
 _PROJECT_CONFIG_DIR = Path(__file__).resolve().parents[2] / "config"
+_EXAMPLES_DIR = Path(__file__).resolve().parents[2] / "examples"
 
 
 class AgentEvolverSearchPathPlugin(SearchPathPlugin):
-    """Appends the project's ``config/`` folder and verl's trainer configs to every Hydra search path."""
+    """Appends the project's ``config/`` and ``examples/`` folders and verl's trainer configs to every Hydra
+    search path (so ``--config-name quickstart`` finds ``examples/quickstart.yaml``)."""
 
     def manipulate_search_path(self, search_path: ConfigSearchPath) -> None:
         search_path.append(provider="agentevolver", path=f"file://{_PROJECT_CONFIG_DIR}")
+        search_path.append(provider="agentevolver-examples", path=f"file://{_EXAMPLES_DIR}")
         search_path.append(provider="verl", path="pkg://verl.trainer.config")

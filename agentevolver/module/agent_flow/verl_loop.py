@@ -131,6 +131,8 @@ def to_agent_loop_output(result: EpisodeResult, tokenizer: Any) -> AgentLoopOutp
         "exp_mask": bool(sample.exp_mask) if sample is not None else False,
         "episode_metrics": result.metrics,
         "episode_record": record,
+        # verl turns these into validation metrics per data source: acc/mean@k (avg@k) and acc/best@k.
+        "reward_extra_info": {"acc": result.reward.success_rate, "outcome": result.reward.outcome},
     }
     return AgentLoopOutput(
         prompt_ids=prompt_ids,

@@ -1,0 +1,60 @@
+"""Training entry: ``python -m agentevolver.main_ppo [--config-name PRESET] [overrides ...]``.
+
+Hydra composes the root config (``config/agentevolver.yaml``: verl's ``ppo_trainer`` plus this project's
+sections) or a preset from ``examples/`` (``--config-name quickstart``). This module validates our
+sections (every problem named at once), resolves the model path (built-in names such as ``tiny-test``
+work), points verl's rollout-data hook at ``agent_flow.dump``, and hands over to verl's ``run_ppo`` with
+our :class:`~agentevolver.module.trainer.task_runner.TaskRunner`: ``ray.init`` -> TaskRunner actor ->
+workers, rollout servers, agent loops -> ``fit()``.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from pathlib import Path
+
+import hydra
+from omegaconf import DictConfig, open_dict
+
+from agentevolver.config import validate_config
+from agentevolver.errors import AgentEvolverError
+
+__all__ = ["main", "prepare_config", "train"]
+
+logger = logging.getLogger(__name__)
+
+
+def prepare_config(cfg: DictConfig) -> DictConfig:
+    """Validate our sections and fill the derived verl keys (in place; returns ``cfg``)."""
+    from agentevolver.models import resolve_model_path
+
+    settings = validate_config(cfg)
+    with open_dict(cfg):
+        cfg.actor_rollout_ref.model.path = str(resolve_model_path(str(cfg.actor_rollout_ref.model.path)))
+        dump = settings.agent_flow.dump
+        if dump.enable:
+            cfg.trainer.rollout_data_dir = dump.dir or str(Path(str(cfg.trainer.default_local_dir)) / "rollouts")
+    return cfg
+
+
+def train(cfg: DictConfig) -> None:
+    """Run one training job (blocking)."""
+    from verl.trainer.main_ppo import run_ppo
+
+    from agentevolver.module.trainer.task_runner import TaskRunner
+
+    run_ppo(prepare_config(cfg), task_runner_class=TaskRunner)
+
+
+@hydra.main(config_path=None, config_name="agentevolver", version_base=None)
+def main(cfg: DictConfig) -> None:
+    try:
+        train(cfg)
+    except AgentEvolverError as err:
+        print(f"error: {err}", file=sys.stderr)
+        sys.exit(2)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,56 @@
+"""Per-step episode numbers from a rollout batch: success, how episodes ended, errors, time split.
+
+verl's own data metrics cover rewards, advantages and lengths; what an agent run also needs is how the
+*episodes* went. The agent loop puts each episode's result into the batch (``termination``,
+``reward_success_rate``, ``episode_metrics``, ...); this pure function reduces them to flat numbers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from agentevolver.module.agent_flow.episode import TERMINATIONS
+
+__all__ = ["episode_metrics"]
+
+#: Per-episode metrics averaged over the batch (key in ``episode_metrics`` -> logged name).
+_MEANS = {
+    "episode/generated_tokens": "episode/generated_tokens_mean",
+    "time/generate_s": "episode/time_generate_s_mean",
+    "time/env_s": "episode/time_env_s_mean",
+    "time/tool_s": "episode/time_tool_s_mean",
+    "time/total_s": "episode/time_total_s_mean",
+}
+#: Per-episode counts summed over the batch.
+_SUMS = {
+    "episode/env_errors": "episode/env_errors",
+    "episode/parse_errors": "episode/parse_errors",
+    "episode/mad_steps": "episode/mad_steps",
+    "tool/calls": "episode/tool_calls",
+}
+
+
+def episode_metrics(non_tensor_batch: Mapping[str, Any]) -> dict[str, float]:
+    """Success rate, termination shares, error counts and time split of the batch's episodes."""
+    if "termination" not in non_tensor_batch:
+        return {}
+    terminations = [str(t) for t in non_tensor_batch["termination"]]
+    count = len(terminations) or 1
+    out: dict[str, float] = {"episode/count": float(len(terminations))}
+    if "reward_success_rate" in non_tensor_batch:
+        out["episode/success_rate"] = float(np.mean(np.asarray(non_tensor_batch["reward_success_rate"], dtype=float)))
+    if "reward_madness" in non_tensor_batch:
+        out["episode/madness_share"] = float(np.mean(np.asarray(non_tensor_batch["reward_madness"], dtype=float) < 0))
+    for name in TERMINATIONS:
+        out[f"episode/ended/{name}"] = sum(t == name for t in terminations) / count
+    per_episode = [m for m in non_tensor_batch.get("episode_metrics", []) if isinstance(m, Mapping)]
+    for key, name in _MEANS.items():
+        values = [float(m[key]) for m in per_episode if key in m]
+        if values:
+            out[name] = float(np.mean(values))
+    for key, name in _SUMS.items():
+        out[name] = float(sum(float(m.get(key, 0.0)) for m in per_episode))
+    return out

@@ -1,0 +1,62 @@
+"""verl's ``RayPPOTrainer`` with this project's stages hooked in through its overridable methods.
+
+We build on verl's legacy trainer (``trainer.use_v1=false``): its step is a sequence of methods
+(``_update_actor``, ``_log_rollout_data``, ``_compute_old_log_prob``, ...) that a subclass can extend
+without copying the loop, and it needs no TransferQueue service. The stages added here:
+
+* rollout dumps: ``_log_rollout_data`` (verl calls it each step when ``trainer.rollout_data_dir`` is set;
+  the task runner sets it from ``agent_flow.dump``) writes ``rollouts/step_<N>.jsonl`` in our format, with
+  each episode's token advantages;
+* episode metrics: ``_update_actor`` adds success rate, how episodes ended, env/parse errors and the
+  generate/env time split to the step's metrics (verl logs what that method returns).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from verl import DataProto
+from verl.trainer.ppo.ray_trainer import RayPPOTrainer
+
+from agentevolver.module.agent_flow.dump import RolloutDumpWriter
+from agentevolver.module.trainer.episode_metrics import episode_metrics
+
+__all__ = ["AgentEvolverTrainer", "dump_records"]
+
+logger = logging.getLogger(__name__)
+
+
+def dump_records(batch: DataProto, step: int, include_messages: bool = True) -> list[dict[str, Any]]:
+    """The dump record of every episode in ``batch``, with its token advantages when the batch has them."""
+    records = []
+    episodes = batch.non_tensor_batch.get("episode_record")
+    if episodes is None:
+        return records
+    advantages = batch.batch["advantages"] if "advantages" in batch.batch.keys() else None
+    for index, episode in enumerate(episodes):
+        record = dict(episode)
+        record["step"] = step
+        if advantages is not None:
+            record["advantages"] = advantages[index, : len(record["response_ids"])].tolist()
+        if not include_messages:
+            record.pop("messages", None)
+        records.append(record)
+    return records
+
+
+class AgentEvolverTrainer(RayPPOTrainer):
+    """RayPPOTrainer plus rollout dumps and episode metrics (see the module docstring)."""
+
+    def _log_rollout_data(
+        self, batch: DataProto, reward_extra_infos_dict: dict, timing_raw: dict, rollout_data_dir: str
+    ) -> None:
+        include = bool(self.config.agent_flow.dump.include_messages)
+        path = RolloutDumpWriter(rollout_data_dir).write_records(
+            self.global_steps, dump_records(batch, self.global_steps, include))
+        logger.info("rollout dump of step %d: %s", self.global_steps, path)
+
+    def _update_actor(self, batch: DataProto) -> DataProto:
+        output = super()._update_actor(batch)
+        output.meta_info["metrics"].update(episode_metrics(batch.non_tensor_batch))
+        return output

@@ -1,0 +1,71 @@
+"""The Ray actor that wires one training run: workers, datasets of tasks, our trainer; then ``fit()``.
+
+It follows verl's legacy ``TaskRunner`` (same worker roles, resource pools and config validation) and
+changes what differs for agent-environment training: the datasets are the environment's task splits
+(:mod:`.task_dataset`) and the trainer is :class:`AgentEvolverTrainer`.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import ray
+from omegaconf import DictConfig, OmegaConf
+from verl.trainer.main_ppo_v0 import BaseTaskRunner
+
+__all__ = ["TaskRunner", "build_datasets"]
+
+logger = logging.getLogger(__name__)
+
+
+def build_datasets(config: DictConfig) -> tuple[Any, Any]:
+    """Train and validation :class:`TaskDataset` from the environment service's splits."""
+    from agentevolver.client.env_client import EnvClient
+    from agentevolver.module.trainer.task_dataset import TaskDataset, tasks_from_env_service
+
+    section = config.env_service
+    with EnvClient.from_config(section) as env:
+        train = tasks_from_env_service(env, section.env_type, section.train_split,
+                                       int(config.data.get("train_max_samples", -1)))
+        val = tasks_from_env_service(env, section.env_type, section.val_split,
+                                     int(config.data.get("val_max_samples", -1)))
+    return TaskDataset(train, name="train"), TaskDataset(val, name="validation")
+
+
+@ray.remote
+class TaskRunner(BaseTaskRunner):
+    """Runs one training job inside the Ray cluster (see the module docstring)."""
+
+    def run(self, config: DictConfig) -> None:
+        import agentevolver.verl_plugin  # noqa: F401 - registrations in this process too
+        from verl.trainer.ppo.utils import create_rl_sampler, need_critic, need_reference_policy
+        from verl.utils.config import omega_conf_to_dataclass, validate_config
+        from verl.utils.dataset.rl_dataset import collate_fn
+        from verl.workers.config import HFModelConfig
+
+        from agentevolver.module.trainer.ppo_trainer import AgentEvolverTrainer
+
+        OmegaConf.resolve(config)
+        _, worker_group_cls = self.add_actor_rollout_worker(config)
+        self.add_critic_worker(config)
+        self.add_reward_model_resource_pool(config)
+        self.add_teacher_model_resource_pool(config)
+        validate_config(config=config, use_reference_policy=need_reference_policy(config),
+                        use_critic=need_critic(config))
+        model_config: HFModelConfig = omega_conf_to_dataclass(config.actor_rollout_ref.model)
+        train_dataset, val_dataset = build_datasets(config)
+        trainer = AgentEvolverTrainer(
+            config=config,
+            tokenizer=model_config.tokenizer,
+            processor=model_config.processor,
+            role_worker_mapping=self.role_worker_mapping,
+            resource_pool_manager=self.init_resource_pool_mgr(config),
+            ray_worker_group_cls=worker_group_cls,
+            train_dataset=train_dataset,
+            val_dataset=val_dataset,
+            collate_fn=collate_fn,
+            train_sampler=create_rl_sampler(config.data, train_dataset),
+        )
+        trainer.init_workers()
+        trainer.fit()
