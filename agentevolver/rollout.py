@@ -84,12 +84,13 @@ async def run_rollout(args: argparse.Namespace, console: Console) -> tuple[list[
             raise ConfigError(f"--split {args.split!r} of environment {env_type!r} has no tasks")
         flow = AgentFlow(settings.agent_flow, tokenizer=tokenizer, env_client=env, generate=generator.generate,
                          clipper=clipper, **budgets)
-        specs = group_specs([{"task_id": t, "env_type": env_type} for t in task_ids], n)
-        params = _sampling_params(rollout, args.greedy)
+        params = dict(settings.env_service.create_params)
+        specs = group_specs([{"task_id": t, "env_type": env_type, "env_params": params} for t in task_ids], n)
+        sampling = _sampling_params(rollout, args.greedy)
         with Progress(TextColumn("episodes"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                       console=console, transient=True) as progress:
             bar = progress.add_task("episodes", total=len(specs))
-            results = await run_episodes(flow, specs, params, concurrency=args.concurrency,
+            results = await run_episodes(flow, specs, sampling, concurrency=args.concurrency,
                                          on_done=lambda _: progress.advance(bar))
     await generator.aclose()
     dump_path = None

@@ -7,7 +7,7 @@ loudly instead of being silently ignored. verl's own sections are validated by v
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -31,6 +31,7 @@ class EnvServiceSection(_Section):
     env_type: str = Field(min_length=1)
     train_split: str = Field(min_length=1)
     val_split: str = Field(min_length=1)
+    create_params: dict[str, Any] = Field(default_factory=dict)
     env_url: HttpUrl
     timeout_s: float = Field(gt=0)
     max_retries: int = Field(ge=0)

@@ -50,8 +50,11 @@ class TaskDataset(Dataset):
         }
 
 
-def tasks_from_env_service(env_client: Any, env_type: str, split: str, limit: int = -1) -> list[dict[str, Any]]:
-    """Task rows of an environment split (``limit`` < 0 = all, else the first ``limit``)."""
+def tasks_from_env_service(
+    env_client: Any, env_type: str, split: str, limit: int = -1, create_params: Mapping[str, Any] | None = None
+) -> list[dict[str, Any]]:
+    """Task rows of an environment split (``limit`` < 0 = all, else the first ``limit``); each carries the
+    ``create_params`` sent with its /create."""
     try:
         task_ids = env_client.get_env_profile(env_type, split)
     except Exception as err:  # the client's error names the service problem; add what we were doing
@@ -59,4 +62,5 @@ def tasks_from_env_service(env_client: Any, env_type: str, split: str, limit: in
                           f"{env_client.settings.env_url}: {err}") from err
     if limit is not None and limit >= 0:
         task_ids = task_ids[:limit]
-    return [{"task_id": task_id, "env_type": env_type} for task_id in task_ids]
+    params = dict(create_params or {})
+    return [{"task_id": task_id, "env_type": env_type, "env_params": params} for task_id in task_ids]

@@ -25,11 +25,12 @@ def build_datasets(config: DictConfig) -> tuple[Any, Any]:
     from agentevolver.module.trainer.task_dataset import TaskDataset, tasks_from_env_service
 
     section = config.env_service
+    params = OmegaConf.to_container(section.create_params, resolve=True)
     with EnvClient.from_config(section) as env:
         train = tasks_from_env_service(env, section.env_type, section.train_split,
-                                       int(config.data.get("train_max_samples", -1)))
+                                       int(config.data.get("train_max_samples", -1)), params)
         val = tasks_from_env_service(env, section.env_type, section.val_split,
-                                     int(config.data.get("val_max_samples", -1)))
+                                     int(config.data.get("val_max_samples", -1)), params)
     return TaskDataset(train, name="train"), TaskDataset(val, name="validation")
 
 

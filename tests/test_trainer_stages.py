@@ -1,0 +1,105 @@
+"""The trainer's own stages, each on real inputs: task datasets from the real service, episode metrics,
+dump records from a verl DataProto, and config preparation of the training entry."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from verl import DataProto
+from verl.utils.dataset.rl_dataset import collate_fn
+
+from agentevolver.client.env_client import EnvClient, EnvClientSettings
+from agentevolver.config import compose_config
+from agentevolver.errors import ConfigError
+from agentevolver.main_ppo import prepare_config
+from agentevolver.models import resolve_model_path
+from agentevolver.module.agent_flow import read_rollout_dump
+from agentevolver.module.trainer.episode_metrics import episode_metrics
+from agentevolver.module.trainer.ppo_trainer import dump_records
+from agentevolver.module.trainer.task_dataset import TaskDataset, tasks_from_env_service
+from env_service_fixture import env_service
+
+
+@pytest.fixture(scope="module")
+def service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    with env_service("echo", tmp_path=tmp_path_factory.mktemp("stages")) as running:
+        yield running.url
+
+
+def test_task_rows_come_from_the_env_splits_and_collate_like_verl(service: str) -> None:
+    with EnvClient(EnvClientSettings(env_url=service)) as env:
+        train = tasks_from_env_service(env, "echo", "train", create_params={"level": 2})
+        val = tasks_from_env_service(env, "echo", "val", limit=1)
+    assert [t["task_id"] for t in train] == [f"t{i}" for i in range(8)] and len(val) == 1
+    assert train[0] == {"task_id": "t0", "env_type": "echo", "env_params": {"level": 2}}
+    dataset = TaskDataset(train)
+    batch = DataProto.from_single_dict(collate_fn([dataset[0], dataset[1]]))
+    assert len(batch) == 2
+    assert json.loads(batch.non_tensor_batch["task"][1]) == train[1]
+    assert list(batch.non_tensor_batch["agent_name"]) == ["agentevolver", "agentevolver"]
+    assert list(batch.non_tensor_batch["data_source"]) == ["echo", "echo"]
+
+
+def test_bad_task_rows_fail_at_load(service: str) -> None:
+    with pytest.raises(ConfigError, match="empty"):
+        TaskDataset([])
+    with pytest.raises(ValueError, match="task_id"):
+        TaskDataset([{"env_type": "echo"}])
+    with EnvClient(EnvClientSettings(env_url=service, max_retries=0)) as env, \
+            pytest.raises(ConfigError, match="'nope' tasks of environment 'echo'"):
+        tasks_from_env_service(env, "echo", "nope")
+
+
+def test_episode_metrics_hand_example() -> None:
+    batch = {
+        "termination": np.array(["finished", "finished", "max_steps", "env_error"], dtype=object),
+        "reward_success_rate": np.array([1.0, 0.0, 0.0, 0.0]),
+        "reward_madness": np.array([0.0, -1.0, 0.0, 0.0]),
+        "episode_metrics": np.array([
+            {"episode/generated_tokens": 10.0, "time/generate_s": 1.0, "episode/env_errors": 0.0},
+            {"episode/generated_tokens": 20.0, "time/generate_s": 3.0, "episode/parse_errors": 2.0},
+            {"episode/generated_tokens": 30.0, "time/generate_s": 2.0, "tool/calls": 3.0},
+            {"episode/env_errors": 1.0},
+        ], dtype=object),
+    }
+    metrics = episode_metrics(batch)
+    assert metrics["episode/count"] == 4 and metrics["episode/success_rate"] == 0.25
+    assert metrics["episode/madness_share"] == 0.25
+    assert metrics["episode/ended/finished"] == 0.5 and metrics["episode/ended/env_error"] == 0.25
+    assert metrics["episode/ended/budget"] == 0.0
+    assert metrics["episode/generated_tokens_mean"] == 20.0 and metrics["episode/time_generate_s_mean"] == 2.0
+    assert metrics["episode/env_errors"] == 1.0 and metrics["episode/parse_errors"] == 2.0
+    assert metrics["episode/tool_calls"] == 3.0
+    assert episode_metrics({}) == {}
+
+
+def test_dump_records_carry_each_episodes_advantages(tmp_path: Path) -> None:
+    records = [{"task_id": "a", "response_ids": [1, 2, 3], "messages": [{"role": "user"}]},
+               {"task_id": "b", "response_ids": [4], "messages": []}]
+    advantages = torch.tensor([[0.5, 0.5, 0.5, 0.0], [-1.0, 0.0, 0.0, 0.0]])
+    batch = DataProto.from_dict(tensors={"advantages": advantages},
+                                non_tensors={"episode_record": np.array(records, dtype=object)})
+    out = dump_records(batch, step=7)
+    assert [r["step"] for r in out] == [7, 7]
+    assert out[0]["advantages"] == [0.5, 0.5, 0.5] and out[1]["advantages"] == [-1.0]
+    assert "messages" not in dump_records(batch, step=7, include_messages=False)[0]
+    from agentevolver.module.agent_flow import RolloutDumpWriter
+
+    path = RolloutDumpWriter(tmp_path).write_records(7, out)
+    assert [r["task_id"] for r in read_rollout_dump(path)] == ["a", "b"]
+
+
+def test_prepare_config_resolves_the_model_and_points_dumps_at_the_run_dir(tmp_path: Path) -> None:
+    cfg = prepare_config(compose_config(["actor_rollout_ref.model.path=tiny-test",
+                                         f"trainer.default_local_dir={tmp_path}"]))
+    assert cfg.actor_rollout_ref.model.path == str(resolve_model_path("tiny-test"))
+    assert cfg.trainer.rollout_data_dir == str(tmp_path / "rollouts")
+    off = prepare_config(compose_config(["actor_rollout_ref.model.path=tiny-test", "agent_flow.dump.enable=false"]))
+    assert off.trainer.rollout_data_dir is None
+    with pytest.raises(ConfigError, match="agent_flow.max_steps"):
+        prepare_config(compose_config(["agent_flow.max_steps=0"]))
