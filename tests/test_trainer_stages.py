@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from env_service_fixture import env_service
 from verl import DataProto
 from verl.utils.dataset.rl_dataset import collate_fn
 
@@ -22,7 +23,6 @@ from agentevolver.module.agent_flow import read_rollout_dump
 from agentevolver.module.trainer.episode_metrics import episode_metrics
 from agentevolver.module.trainer.ppo_trainer import dump_records
 from agentevolver.module.trainer.task_dataset import TaskDataset, tasks_from_env_service
-from env_service_fixture import env_service
 
 
 @pytest.fixture(scope="module")
@@ -101,5 +101,5 @@ def test_prepare_config_resolves_the_model_and_points_dumps_at_the_run_dir(tmp_p
     assert cfg.trainer.rollout_data_dir == str(tmp_path / "rollouts")
     off = prepare_config(compose_config(["actor_rollout_ref.model.path=tiny-test", "agent_flow.dump.enable=false"]))
     assert off.trainer.rollout_data_dir is None
-    with pytest.raises(ConfigError, match="agent_flow.max_steps"):
+    with pytest.raises(ConfigError, match=r"agent_flow\.max_steps"):
         prepare_config(compose_config(["agent_flow.max_steps=0"]))

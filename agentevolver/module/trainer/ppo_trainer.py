@@ -33,7 +33,7 @@ def dump_records(batch: DataProto, step: int, include_messages: bool = True) -> 
     episodes = batch.non_tensor_batch.get("episode_record")
     if episodes is None:
         return records
-    advantages = batch.batch["advantages"] if "advantages" in batch.batch.keys() else None
+    advantages = batch.batch.get("advantages", None)
     for index, episode in enumerate(episodes):
         record = dict(episode)
         record["step"] = step

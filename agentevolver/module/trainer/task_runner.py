@@ -39,12 +39,12 @@ class TaskRunner(BaseTaskRunner):
     """Runs one training job inside the Ray cluster (see the module docstring)."""
 
     def run(self, config: DictConfig) -> None:
-        import agentevolver.verl_plugin  # noqa: F401 - registrations in this process too
         from verl.trainer.ppo.utils import create_rl_sampler, need_critic, need_reference_policy
         from verl.utils.config import omega_conf_to_dataclass, validate_config
         from verl.utils.dataset.rl_dataset import collate_fn
         from verl.workers.config import HFModelConfig
 
+        import agentevolver.verl_plugin  # noqa: F401 - registrations in this process too
         from agentevolver.module.trainer.ppo_trainer import AgentEvolverTrainer
 
         OmegaConf.resolve(config)
