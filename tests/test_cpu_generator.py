@@ -547,3 +547,43 @@ async def test_smollm2_answers_and_stops_at_im_end() -> None:
         assert a.stop_reason == "completed"
         assert a.token_ids[-1] == tok.convert_tokens_to_ids("<|im_end|>")
         assert b.token_ids == a.token_ids
+
+
+# ----------------------------------------------------------------------------------------- shared-prefix cache
+def _prefixed_prompts(tok: Any) -> list[list[int]]:
+    shared = tok.encode("You are a careful assistant. " * 40, add_special_tokens=False)
+    tails = ["Count to three:", "Name a colour please", "What is two plus two?", "Say hi"]
+    return [shared + tok.encode(t, add_special_tokens=False) for t in tails]
+
+
+async def test_shared_prefix_cache_changes_no_token_and_is_reused() -> None:
+    """Greedy ids and logprobs with the prefix cache equal those without it; the second batch reuses it."""
+    plain = HFGenerator.from_pretrained("tiny-test", prefix_cache_entries=0, max_batch_size=8, batch_wait_s=0.05)
+    cached = HFGenerator.from_pretrained("tiny-test", max_batch_size=8, batch_wait_s=0.05)
+    prompts = _prefixed_prompts(cached.tokenizer)
+    params = {"temperature": 0.0, "max_tokens": 12, "logprobs": True}
+    try:
+        for _ in range(2):
+            want = await asyncio.gather(*(plain.generate(f"p{i}", prompt_ids=p, sampling_params=params)
+                                          for i, p in enumerate(prompts)))
+            got = await asyncio.gather(*(cached.generate(f"c{i}", prompt_ids=p, sampling_params=params)
+                                         for i, p in enumerate(prompts)))
+            assert [g.token_ids for g in got] == [w.token_ids for w in want]
+            for g, w in zip(got, want, strict=True):
+                assert g.log_probs == pytest.approx(w.log_probs, abs=1e-4)
+        assert cached.prefix_cache.stats["misses"] == 1 and cached.prefix_cache.stats["hits"] >= 1
+        assert cached.stats["prefix_cached_tokens"] > 0 and plain.stats["prefix_cached_tokens"] == 0
+        # a weight update invalidates the cached keys/values
+        cached.load_weights(list(cached.model.named_parameters())[:1])
+        assert cached.prefix_cache._entries == {}
+    finally:
+        await plain.aclose()
+        await cached.aclose()
+
+
+def test_common_prefix_length() -> None:
+    from agentevolver.backends.cpu.prefix_cache import common_prefix_length
+
+    assert common_prefix_length([[1, 2, 3], [1, 2, 4], [1, 2]]) == 2
+    assert common_prefix_length([[5], [6]]) == 0
+    assert common_prefix_length([[1, 2, 3]]) == 3

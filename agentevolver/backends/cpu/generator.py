@@ -28,6 +28,7 @@ from typing import Any
 import torch
 from verl.workers.rollout.replica import TokenOutput
 
+from agentevolver.backends.cpu.prefix_cache import PrefixCache
 from agentevolver.backends.cpu.sampling import RowSampler, SamplingSettings, parse_sampling_params
 
 logger = logging.getLogger(__name__)
@@ -73,6 +74,7 @@ class HFGenerator:
         batch_wait_s: how long the first request of a batch waits for company.
         seed: seeds the generator-wide sampling stream (requests without their own ``seed``).
         default_max_tokens: used when a request's ``sampling_params`` has no ``max_tokens``.
+        prefix_cache_entries: shared prompt prefixes kept prefilled (:mod:`.prefix_cache`); 0 turns it off.
     """
 
     def __init__(
@@ -85,6 +87,7 @@ class HFGenerator:
         batch_wait_s: float = 0.002,
         seed: int | None = None,
         default_max_tokens: int | None = None,
+        prefix_cache_entries: int = 4,
     ) -> None:
         if max_batch_size < 1:
             raise ValueError(f"max_batch_size must be >= 1; got {max_batch_size}")
@@ -116,12 +119,14 @@ class HFGenerator:
         self._wakeup: asyncio.Event | None = None
         self._task: asyncio.Task[None] | None = None
         self._closed = False
+        self.prefix_cache = PrefixCache(max_entries=prefix_cache_entries)
         self.stats: dict[str, float] = {
             "requests": 0,  # generate calls accepted
             "batches": 0,  # batched decodes run (each one prefill + decode steps)
             "rows": 0,  # requests decoded, summed over batches (rows / batches = mean batch size)
             "max_rows": 0,  # largest batch so far
             "prompt_tokens": 0,
+            "prefix_cached_tokens": 0,  # prompt tokens served from the shared-prefix cache (not prefilled)
             "generated_tokens": 0,
             "decode_steps": 0,  # forward passes after prefill
             "failed_batches": 0,
@@ -216,6 +221,7 @@ class HFGenerator:
         with self._model_lock, torch.no_grad():
             for param, tensor in staged:
                 param.copy_(tensor.to(device=param.device, dtype=param.dtype))
+            self.prefix_cache.clear()  # cached keys/values belong to the old weights
         self.stats["weight_loads"] += 1
         return len(staged)
 
@@ -380,19 +386,25 @@ class HFGenerator:
             _Output(frozenset(s.stop_token_ids if s.ignore_eos else (*self.eos_token_ids, *s.stop_token_ids)))
             for s in settings
         ]
-        width = max(len(r.prompt_ids) for r in batch)
+        # A prefix shared by every row is prefilled once (or reused from earlier batches); rows are laid out
+        # as [prefix | left padding | rest of the prompt], the mask hides the padding and the position ids
+        # count real tokens, so each row computes what it would alone.
+        cached = self.prefix_cache.lookup([r.prompt_ids for r in batch], self.model)
+        prefix_len, cache = cached if cached is not None else (0, DynamicCache(config=self.model.config))
+        width = max(len(r.prompt_ids) for r in batch) - prefix_len
         input_ids = torch.full((len(batch), width), self.pad_token_id, dtype=torch.long, device=self.device)
-        mask = torch.zeros((len(batch), width), dtype=torch.long, device=self.device)
+        mask = torch.zeros((len(batch), prefix_len + width), dtype=torch.long, device=self.device)
+        mask[:, :prefix_len] = 1
         for row, request in enumerate(batch):
-            n = len(request.prompt_ids)
-            input_ids[row, width - n:] = torch.tensor(request.prompt_ids, dtype=torch.long)
-            mask[row, width - n:] = 1
-        positions = (mask.cumsum(dim=-1) - 1).clamp(min=0)
+            rest = request.prompt_ids[prefix_len:]
+            input_ids[row, width - len(rest):] = torch.tensor(rest, dtype=torch.long)
+            mask[row, prefix_len + width - len(rest):] = 1
+        positions = (mask.cumsum(dim=-1) - 1).clamp(min=0)[:, prefix_len:]
+        self.stats["prefix_cached_tokens"] += prefix_len * len(batch)
         sampler = RowSampler(
             settings, [r.prompt_ids for r in batch], vocab_size=self.vocab_size, shared_rng=self._rng,
             device=self.device,
         )
-        cache = DynamicCache(config=self.model.config)
         logits = self.model(
             input_ids=input_ids, attention_mask=mask, position_ids=positions, past_key_values=cache,
             use_cache=True, logits_to_keep=1,
