@@ -1,6 +1,27 @@
-"""CPU generation backend: a batched transformers generator with verl's ``generate`` call (see docs/cpu_generator.md)."""
+"""CPU backend: the batched transformers generator (docs/cpu_generator.md), the ``hf`` verl rollout, the
+``cpu`` verl platform and the one patch it needs (docs/backends.md).
 
-from agentevolver.backends.cpu.generator import GenerationError, GeneratorClosedError, HFGenerator
-from agentevolver.backends.cpu.sampling import SamplingSettings, parse_sampling_params
+Attributes are imported on first access (PEP 562): verl's plugin imports submodules of this package inside
+``import verl`` in every process, and must not pay for the generator's torch/transformers/verl imports there.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
 
 __all__ = ["GenerationError", "GeneratorClosedError", "HFGenerator", "SamplingSettings", "parse_sampling_params"]
+
+_WHERE = {
+    "GenerationError": "agentevolver.backends.cpu.generator",
+    "GeneratorClosedError": "agentevolver.backends.cpu.generator",
+    "HFGenerator": "agentevolver.backends.cpu.generator",
+    "SamplingSettings": "agentevolver.backends.cpu.sampling",
+    "parse_sampling_params": "agentevolver.backends.cpu.sampling",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _WHERE:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(_WHERE[name]), name)

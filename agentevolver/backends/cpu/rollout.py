@@ -1,0 +1,392 @@
+"""verl rollout ``hf``: an :class:`~agentevolver.backends.cpu.HFGenerator` behind verl's rollout-server interface.
+
+verl's trainer generates through rollout *replicas* (``verl.workers.rollout.replica``), each fronting one
+or more *server* Ray actors that agent loops call with ``generate(request_id, prompt_ids, sampling_params)``
+and that the trainer drives through a lifecycle (``wake_up``/``sleep``, abort/resume, KV-cache release).
+On GPU those are vLLM/SGLang servers. With ``actor_rollout_ref.rollout.name=hf`` they are:
+
+* :class:`HFRolloutServer` - a Ray actor holding one ``HFGenerator`` (transformers model, SDPA, batched
+  decode). Lifecycle calls are no-ops where vLLM frees GPU memory (CPU memory is not shared with the
+  trainer); abort/resume really abort and park requests.
+* :class:`HFReplica` - a ``RolloutReplica`` that starts one server per replica on the node of its worker.
+  Registered as ``hf`` in ``RolloutReplicaRegistry``.
+* :class:`HFServerAdapter` - the worker-side ``BaseRollout`` (registered for ``("hf", "async")``). It lives
+  in the training worker and receives the actor's weights on every sync.
+
+Weight sync (``checkpoint_engine.backend=naive``, the only backend for ``hf``): the trainer's
+``CheckpointEngineManager.update_weights`` calls ``ActorRolloutRefWorker.update_weights``, which streams
+``engine.get_per_tensor_param()`` (full tensors gathered from FSDP; a collective, so every rank iterates)
+into :meth:`HFServerAdapter.update_weights`. The leader rank sends them to its server in buckets of
+``checkpoint_engine.update_weights_bucket_megabytes``; the server copies them into the model in place and,
+at the end, checks that every model parameter was written, so after the sync the server's model equals the
+actor's.
+
+Other differences from verl's vLLM server: one server per replica (tensor/pipeline/data parallel sizes must
+be 1), weights always load from ``model.path`` at start (``load_format`` is ignored), there is no HTTP
+endpoint (the replica's "address" is the server's Ray actor name), ``rollout.dtype`` picks the model dtype
+(use ``float32`` on CPU so rollout and trainer log-probs agree), and ``rollout.engine_kwargs.hf`` is passed to
+``HFGenerator`` (``max_batch_size``, ``batch_wait_s``, ``prefix_cache_entries``, ``seed``). Like vLLM, a missing ``max_tokens`` means
+``min(response_length, prompt_length + response_length - len(prompt))``, clamped to the context, and both
+EOS and length stops report ``stop_reason="completed"``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+from collections.abc import AsyncIterable, Iterable
+from typing import Any
+
+import ray
+import torch
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+from verl.utils.config import omega_conf_to_dataclass
+from verl.workers.config import HFModelConfig, RolloutConfig
+from verl.workers.rollout.base import BaseRollout
+from verl.workers.rollout.replica import RolloutMode, RolloutReplica, TokenOutput
+
+from agentevolver.backends.cpu.generator import HFGenerator
+
+__all__ = ["ROLLOUT_NAME", "HFReplica", "HFRolloutServer", "HFServerAdapter", "server_actor_name"]
+
+logger = logging.getLogger(__name__)
+
+#: ``actor_rollout_ref.rollout.name`` of this backend.
+ROLLOUT_NAME = "hf"
+_DTYPE_NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
+
+
+def server_actor_name(replica_rank: int, name_suffix: str = "") -> str:
+    """Ray actor name of the server of replica ``replica_rank`` (the adapter finds its server by it)."""
+    return f"{ROLLOUT_NAME}_server_{replica_rank}_0{name_suffix}"
+
+
+def _dtype_name(dtype: Any) -> str:
+    from verl.utils.torch_dtypes import PrecisionType
+
+    torch_dtype = PrecisionType.to_dtype(dtype) if isinstance(dtype, str) else dtype
+    if torch_dtype not in _DTYPE_NAMES:
+        raise ValueError(f"rollout.dtype must be float32, bfloat16 or float16 for rollout.name=hf; got {dtype!r}")
+    return _DTYPE_NAMES[torch_dtype]
+
+
+def _check_single_process(config: RolloutConfig) -> None:
+    sizes = {
+        "tensor_model_parallel_size": config.tensor_model_parallel_size,
+        "data_parallel_size": config.data_parallel_size,
+        "pipeline_model_parallel_size": config.pipeline_model_parallel_size,
+    }
+    wrong = {key: value for key, value in sizes.items() if value != 1}
+    if wrong:
+        settings = ", ".join(f"actor_rollout_ref.rollout.{key}={value}" for key, value in wrong.items())
+        raise ValueError(
+            f"rollout.name=hf runs one model copy per replica; set {settings} to 1 "
+            "(config/backend/cpu.yaml does)"
+        )
+
+
+class HFRolloutServer:
+    """Ray actor (created by :class:`HFReplica`): verl's rollout-server calls over one ``HFGenerator``.
+
+    Args:
+        config: the rollout config (``actor_rollout_ref.rollout``).
+        model_config: the model config (``actor_rollout_ref.model``).
+        rollout_mode: how the replica runs next to the trainer (hybrid for the PPO trainer).
+        replica_rank: the replica this server belongs to.
+    """
+
+    def __init__(
+        self,
+        config: RolloutConfig | Any,
+        model_config: HFModelConfig | Any,
+        rollout_mode: RolloutMode,
+        replica_rank: int,
+    ) -> None:
+        self.config: RolloutConfig = omega_conf_to_dataclass(config, dataclass_type=RolloutConfig)
+        self.model_config: HFModelConfig = omega_conf_to_dataclass(model_config, dataclass_type=HFModelConfig)
+        self.rollout_mode = rollout_mode
+        self.replica_rank = replica_rank
+        self.global_steps: int | None = None
+        # HFGenerator options: seed = rollout.seed unless rollout.engine_kwargs.hf says otherwise
+        self._generator_kwargs = {"seed": self.config.seed, **(self.config.engine_kwargs.get(ROLLOUT_NAME) or {})}
+        self._generator = HFGenerator.from_pretrained(
+            self.model_config.local_path, dtype=_dtype_name(self.config.dtype), **self._generator_kwargs
+        )
+        self._model = self._generator.model
+        self._params = dict(self._model.named_parameters(remove_duplicate=False))
+        self._max_model_len = int(self.config.max_model_len or self._generator.max_positions or 0) or None
+        self._in_flight: set[str] = set()
+        self._admitted = asyncio.Event()
+        self._admitted.set()
+        self._rejecting = False
+        self._updated: set[int] | None = None  # ids of parameters written since begin_weight_update
+
+    def _new_generator(self) -> HFGenerator:
+        """A fresh generator over the same model (after an abort closed the previous one)."""
+        old = self._generator
+        generator = HFGenerator(
+            self._model, old.eos_token_ids, pad_token_id=old.pad_token_id, **self._generator_kwargs
+        )
+        generator.tokenizer = old.tokenizer
+        return generator
+
+    async def ready(self) -> dict[str, Any]:
+        """Model facts; awaited by the replica at launch so a load failure surfaces there."""
+        return {
+            "path": self.model_config.local_path,
+            "dtype": str(next(self._model.parameters()).dtype),
+            "parameters": sum(p.numel() for p in self._model.parameters()),
+            "eos_token_ids": list(self._generator.eos_token_ids),
+        }
+
+    # -- generation ---------------------------------------------------------------------------------------
+
+    def _max_tokens(self, prompt_len: int, sampling_params: dict[str, Any]) -> int:
+        """vLLM server's rule: requested or default budget, clamped to [1, context left]."""
+        room = None if self._max_model_len is None else self._max_model_len - prompt_len
+        if room is not None and room < 1:
+            raise ValueError(
+                f"prompt ({prompt_len} tokens) leaves no room to generate within the model's context "
+                f"({self._max_model_len} tokens)"
+            )
+        requested = sampling_params.pop("max_tokens", None)
+        if requested is None:
+            requested = sampling_params.pop("max_new_tokens", None)
+        if requested is None:
+            requested = min(
+                self.config.response_length,
+                self.config.prompt_length + self.config.response_length - prompt_len,
+            )
+        requested = max(1, int(requested))
+        return requested if room is None else min(requested, room)
+
+    async def generate(
+        self,
+        prompt_ids: list[int],
+        sampling_params: dict[str, Any],
+        request_id: str,
+        image_data: Any = None,
+        video_data: Any = None,
+        **kwargs: Any,
+    ) -> TokenOutput:
+        """Token-in/token-out generation, as verl's vLLM server's ``generate``."""
+        if not self._admitted.is_set():  # between abort_all_requests and resume_generation
+            if self._rejecting:
+                return TokenOutput(
+                    token_ids=[], stop_reason="aborted", extra_fields={"global_steps": self.global_steps}
+                )
+            await self._admitted.wait()
+        params = dict(sampling_params)
+        params["max_tokens"] = self._max_tokens(len(prompt_ids), params)
+        if self.config.ignore_eos:
+            params.setdefault("ignore_eos", True)
+        kwargs.pop("priority", None)
+        self._in_flight.add(request_id)
+        try:
+            output = await self._generator.generate(
+                request_id, prompt_ids=prompt_ids, sampling_params=params,
+                image_data=image_data, video_data=video_data, **kwargs,
+            )
+        finally:
+            self._in_flight.discard(request_id)
+        stop_reason = "completed" if output.stop_reason in ("completed", "length") else output.stop_reason
+        return TokenOutput(
+            token_ids=output.token_ids, log_probs=output.log_probs, stop_reason=stop_reason,
+            extra_fields={"global_steps": self.global_steps},
+        )
+
+    async def abort_all_requests(self, reset_prefix_cache: bool = True, reject_request: bool = False) -> dict:
+        """Abort in-flight requests (they return ``stop_reason="aborted"``) and hold new ones.
+
+        New requests wait for :meth:`resume_generation`, or return aborted at once with ``reject_request``.
+        """
+        self._rejecting = reject_request
+        self._admitted.clear()
+        request_ids = sorted(self._in_flight)
+        old, self._generator = self._generator, self._new_generator()
+        await old.aclose()
+        return {"aborted_count": len(request_ids), "request_ids": request_ids}
+
+    async def resume_generation(self) -> None:
+        self._rejecting = False
+        self._admitted.set()
+
+    # -- weights --------------------------------------------------------------------------------------------
+
+    async def begin_weight_update(self) -> None:
+        """Start a sync: from now on, every parameter written is recorded for :meth:`finish_weight_update`."""
+        self._updated = set()
+
+    async def load_weights(self, weights: list[tuple[str, torch.Tensor]]) -> int:
+        """Copy ``(name, tensor)`` pairs into the model (names as in the HF model's state dict)."""
+        count = await asyncio.to_thread(self._generator.load_weights, weights)
+        if self._updated is not None:
+            self._updated.update(id(self._params[name]) for name, _ in weights)
+        return count
+
+    async def finish_weight_update(self, global_steps: int | None = None) -> int:
+        """End a sync: fail if some model parameter was not written; returns how many parameters were."""
+        updated, self._updated = self._updated, None
+        if updated is None:
+            raise RuntimeError("finish_weight_update without begin_weight_update")
+        missing = [name for name, param in self._model.named_parameters() if id(param) not in updated]
+        if missing:
+            raise RuntimeError(
+                f"weight sync left {len(missing)} parameter(s) of the rollout model unchanged "
+                f"(e.g. {missing[:5]}): the trainer sent different names"
+            )
+        if global_steps is not None:
+            self.global_steps = global_steps
+        return len(updated)
+
+    async def set_global_steps(self, global_steps: int) -> None:
+        """Step of the weights now loaded; returned in every output's ``extra_fields``."""
+        self.global_steps = global_steps
+
+    async def state_dict(self) -> dict[str, torch.Tensor]:
+        """The served model's parameters (CPU copies), e.g. to compare them with a trainer checkpoint."""
+        return {name: tensor.detach().clone() for name, tensor in self._model.state_dict().items()}
+
+    # -- lifecycle: nothing to free on CPU ---------------------------------------------------------------------
+
+    async def wake_up(self, tags: list[str] | None = None) -> None:
+        """No-op: the model stays in CPU memory, which the trainer does not need back."""
+
+    async def sleep(self) -> None:
+        """No-op, see :meth:`wake_up`."""
+
+    async def clear_kv_cache(self) -> None:
+        """No-op: the only keys/values kept between batches (the generator's shared-prefix cache) are
+        dropped by every weight load, the one event that makes them stale."""
+
+    async def release_kv_cache(self) -> None:
+        """No-op: CPU memory is not handed back to the trainer during a weight sync."""
+
+    async def resume_kv_cache(self) -> None:
+        """No-op, see :meth:`release_kv_cache`."""
+
+    async def start_profile(self, **kwargs: Any) -> None:
+        """No-op: this backend has no profiler hook."""
+
+    async def stop_profile(self) -> None:
+        """No-op, see :meth:`start_profile`."""
+
+    async def status(self) -> dict[str, Any]:
+        """Step of the loaded weights (``global_steps``) and the generator's counters (``stats``)."""
+        return {"global_steps": self.global_steps, "stats": dict(self._generator.stats)}
+
+
+class HFReplica(RolloutReplica):
+    """A rollout replica of one :class:`HFRolloutServer`, placed on the node of the replica's worker."""
+
+    async def launch_servers(self) -> None:
+        _check_single_process(self.config)
+        assert len(self.workers) == self.world_size == 1, f"expected 1 worker, got {len(self.workers)}"
+        node_id = await self.workers[0].__ray_call__.remote(lambda worker: ray.get_runtime_context().get_node_id())
+        if self.is_reward_model:
+            name = server_actor_name(self.replica_rank, f"_reward{self.name_suffix}")
+        elif self.is_teacher_model:
+            name = server_actor_name(self.replica_rank, f"_teacher{self.name_suffix}")
+        else:
+            name = server_actor_name(self.replica_rank, self.name_suffix)
+        server = (
+            ray.remote(HFRolloutServer)
+            .options(
+                name=name,
+                scheduling_strategy=NodeAffinitySchedulingStrategy(node_id=node_id, soft=False),
+                max_concurrency=self.max_concurrency,
+            )
+            .remote(
+                config=self.config,
+                model_config=self.model_config,
+                rollout_mode=self.rollout_mode,
+                replica_rank=self.replica_rank,
+            )
+        )
+        info = await server.ready.remote()
+        logger.info("hf rollout server %s ready: %s", name, info)
+        self.servers = [server]
+        self._server_handle = server
+        self._server_address = name
+
+
+class HFServerAdapter(BaseRollout):
+    """Worker-side rollout for ``hf`` (in the training worker): pushes the actor's weights to the server.
+
+    Args:
+        config: the rollout config.
+        model_config: the model config.
+        device_mesh: unused (one model copy per replica).
+        replica_rank: the replica of this worker; -1 = derived from the worker's ``RANK``.
+    """
+
+    def __init__(
+        self,
+        config: RolloutConfig,
+        model_config: HFModelConfig,
+        device_mesh: Any = None,
+        replica_rank: int = -1,
+    ) -> None:
+        super().__init__(config, model_config, device_mesh)
+        _check_single_process(self.config)
+        rank = int(os.environ.get("RANK", "0"))
+        self.replica_rank = rank if replica_rank == -1 else replica_rank
+        self.is_leader_rank = True  # one worker per replica: every worker feeds its own server
+        self._server: Any = None
+        self._bucket_bytes = max(1, int(self.config.checkpoint_engine.update_weights_bucket_megabytes)) << 20
+
+    @property
+    def server(self) -> Any:
+        """The replica's server actor, looked up by name (it starts after the workers)."""
+        if self._server is None:
+            self._server = ray.get_actor(server_actor_name(self.replica_rank))
+        return self._server
+
+    async def resume(self, tags: list[str]) -> None:
+        await self.server.wake_up.remote(tags=tags)
+
+    async def release(self) -> None:
+        await self.server.sleep.remote()
+
+    @torch.no_grad()
+    async def update_weights(
+        self,
+        weights: Iterable[tuple[str, torch.Tensor]] | AsyncIterable[tuple[str, torch.Tensor]],
+        global_steps: int | None = None,
+        wire_format: str = "named_tensors",
+        peft_config: Any = None,
+        **kwargs: Any,
+    ) -> None:
+        """Send every ``(name, tensor)`` to the server in buckets; the server checks that all arrived."""
+        if wire_format != "named_tensors":
+            raise NotImplementedError(
+                f"rollout.name=hf takes full tensors (checkpoint_engine.backend=naive); got wire_format={wire_format!r}"
+            )
+        if peft_config is not None:
+            raise NotImplementedError(
+                "rollout.name=hf loads merged weights only: set actor_rollout_ref.model.lora.merge=true for LoRA"
+            )
+        server = self.server
+        await server.begin_weight_update.remote()
+        bucket: list[tuple[str, torch.Tensor]] = []
+        size = 0
+        async for name, tensor in _iterate(weights):
+            tensor = tensor.detach().to("cpu")
+            bucket.append((name, tensor))
+            size += tensor.numel() * tensor.element_size()
+            if size >= self._bucket_bytes:
+                await server.load_weights.remote(bucket)
+                bucket, size = [], 0
+        if bucket:
+            await server.load_weights.remote(bucket)
+        await server.finish_weight_update.remote(global_steps)
+
+
+async def _iterate(items: Iterable[Any] | AsyncIterable[Any]):
+    if hasattr(items, "__aiter__"):
+        async for item in items:  # type: ignore[union-attr]
+            yield item
+    else:
+        for item in items:  # type: ignore[union-attr]
+            yield item
