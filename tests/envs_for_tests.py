@@ -64,3 +64,38 @@ class EchoInline(_Echo):
 @register_env("echo_process")
 class EchoProcess(_Echo):
     isolation = "process"
+
+
+@register_env("lottery")
+class Lottery(BaseEnv):
+    """One-step episodes whose score is the parity of the answer's character codes.
+
+    A reward that varies between samples of the same task whatever model answers, so GRPO groups get
+    non-zero advantages even from a random model (the trainer tests need the update to do something).
+    """
+
+    isolation = "inline"
+
+    @classmethod
+    def splits(cls) -> list[str]:
+        return ["train", "val"]
+
+    @classmethod
+    def task_ids(cls, split: str) -> list[str]:
+        cls.check_split(split)
+        return TASKS[:8] if split == "train" else TASKS[8:]
+
+    def __init__(self, task_id: str, instance_id: str, params: dict) -> None:
+        super().__init__(task_id, instance_id, params)
+        self.score = 0.0
+
+    def reset(self) -> list[ChatMessage]:
+        return [ChatMessage(role="system", content="Answer in a few words."),
+                ChatMessage(role="user", content=f"Task {self.task_id}: say something.")]
+
+    def step(self, action: ChatMessage) -> StepOutcome:
+        self.score = float(sum(map(ord, action.content)) % 2)
+        return StepOutcome(state=[], reward=self.score, is_terminated=True)
+
+    def evaluate(self, sparse: bool) -> float:
+        return self.score
