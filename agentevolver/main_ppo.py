@@ -3,7 +3,7 @@
 Hydra composes the root config (``config/agentevolver.yaml``: verl's ``ppo_trainer`` plus this project's
 sections) or a preset from ``examples/`` (``--config-name quickstart``). This module validates our
 sections (every problem named at once), resolves the model path (built-in names such as ``tiny-test``
-work), points verl's rollout-data hook at ``agent_flow.dump``, and hands over to verl's ``run_ppo`` with
+work) and the rollout dump folder, and hands over to verl's ``run_ppo`` with
 our :class:`~agentevolver.module.trainer.task_runner.TaskRunner`: ``ray.init`` -> TaskRunner actor ->
 workers, rollout servers, agent loops -> ``fit()``.
 """
@@ -32,9 +32,8 @@ def prepare_config(cfg: DictConfig) -> DictConfig:
     settings = validate_config(cfg)
     with open_dict(cfg):
         cfg.actor_rollout_ref.model.path = str(resolve_model_path(str(cfg.actor_rollout_ref.model.path)))
-        dump = settings.agent_flow.dump
-        if dump.enable:
-            cfg.trainer.rollout_data_dir = dump.dir or str(Path(str(cfg.trainer.default_local_dir)) / "rollouts")
+        if settings.agent_flow.dump.dir is None:
+            cfg.agent_flow.dump.dir = str(Path(str(cfg.trainer.default_local_dir)) / "rollouts")
     return cfg
 
 

@@ -20,11 +20,12 @@ from pathlib import Path
 
 import pytest
 import torch
+from env_service_fixture import REPO_ROOT, env_service
 from safetensors.torch import load_file
+from training_fixture import training_command, training_env
 
 from agentevolver.models import resolve_model_path
 from agentevolver.module.agent_flow import read_rollout_dump
-from env_service_fixture import REPO_ROOT, env_service
 
 
 @pytest.fixture(scope="module")
@@ -34,29 +35,10 @@ def service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 
 
 def train(service: str, run_dir: Path, *extra: str) -> subprocess.CompletedProcess[str]:
-    metrics = run_dir / "metrics.jsonl"
-    args = [
-        "--config-name", "quickstart",
-        "actor_rollout_ref.model.path=tiny-test",
-        "trainer.total_training_steps=2",
-        f"env_service.env_url={service}", "env_service.env_type=lottery", "env_service.create_params={}",
-        "data.train_batch_size=2", "actor_rollout_ref.rollout.n=2", "data.max_prompt_length=256",
-        "data.max_response_length=64", "actor_rollout_ref.rollout.response_length=64",
-        "actor_rollout_ref.actor.ppo_mini_batch_size=2", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2",
-        "actor_rollout_ref.actor.optim.lr=1e-4", "agent_flow.max_tokens_per_turn=16",
-        "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=4",
-        "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=4",
-        "algorithm.rollout_correction.bypass_mode=false",
-        "actor_rollout_ref.actor.checkpoint.save_contents=[model,optimizer,extra,hf_model]",
-        "trainer.val_before_train=false", "trainer.test_freq=-1", "trainer.save_freq=1",
-        f"trainer.default_local_dir={run_dir / 'run'}", "trainer.logger=[console,file]",
-        "+ray_kwargs.ray_init.include_dashboard=false",
-        f"+ray_kwargs.ray_init.runtime_env.env_vars.VERL_FILE_LOGGER_PATH={metrics}",
-        *extra,
-    ]
-    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
-    return subprocess.run([sys.executable, "-m", "agentevolver.main_ppo", *args], cwd=run_dir, env=env,
-                          capture_output=True, text=True)
+    process = subprocess.Popen(training_command(service, run_dir, *extra), cwd=run_dir, env=training_env(),
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    stdout, stderr = process.communicate()
+    return subprocess.CompletedProcess(process.args, process.returncode, stdout, stderr)
 
 
 def weights(folder: Path) -> dict[str, torch.Tensor]:

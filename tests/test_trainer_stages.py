@@ -98,8 +98,8 @@ def test_prepare_config_resolves_the_model_and_points_dumps_at_the_run_dir(tmp_p
     cfg = prepare_config(compose_config(["actor_rollout_ref.model.path=tiny-test",
                                          f"trainer.default_local_dir={tmp_path}"]))
     assert cfg.actor_rollout_ref.model.path == str(resolve_model_path("tiny-test"))
-    assert cfg.trainer.rollout_data_dir == str(tmp_path / "rollouts")
-    off = prepare_config(compose_config(["actor_rollout_ref.model.path=tiny-test", "agent_flow.dump.enable=false"]))
-    assert off.trainer.rollout_data_dir is None
+    assert cfg.agent_flow.dump.dir == str(tmp_path / "rollouts")
+    moved = prepare_config(compose_config(["actor_rollout_ref.model.path=tiny-test", "agent_flow.dump.dir=/x/y"]))
+    assert moved.agent_flow.dump.dir == "/x/y"
     with pytest.raises(ConfigError, match=r"agent_flow\.max_steps"):
         prepare_config(compose_config(["agent_flow.max_steps=0"]))

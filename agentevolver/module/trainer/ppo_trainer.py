@@ -4,9 +4,9 @@ We build on verl's legacy trainer (``trainer.use_v1=false``): its step is a sequ
 (``_update_actor``, ``_log_rollout_data``, ``_compute_old_log_prob``, ...) that a subclass can extend
 without copying the loop, and it needs no TransferQueue service. The stages added here:
 
-* rollout dumps: ``_log_rollout_data`` (verl calls it each step when ``trainer.rollout_data_dir`` is set;
-  the task runner sets it from ``agent_flow.dump``) writes ``rollouts/step_<N>.jsonl`` in our format, with
-  each episode's token advantages;
+* rollout dumps: ``_update_actor`` writes ``rollouts/step_<N>.jsonl`` (``agent_flow.dump.dir``) in our
+  format, with each episode's token advantages, *before* the update and the checkpoint, so a crash after
+  the checkpoint never loses a step's episodes (verl's own ``_log_rollout_data`` runs after both);
 * episode metrics: ``_update_actor`` adds success rate, how episodes ended, env/parse errors and the
   generate/env time split to the step's metrics (verl logs what that method returns).
 """
@@ -48,15 +48,12 @@ def dump_records(batch: DataProto, step: int, include_messages: bool = True) -> 
 class AgentEvolverTrainer(RayPPOTrainer):
     """RayPPOTrainer plus rollout dumps and episode metrics (see the module docstring)."""
 
-    def _log_rollout_data(
-        self, batch: DataProto, reward_extra_infos_dict: dict, timing_raw: dict, rollout_data_dir: str
-    ) -> None:
-        include = bool(self.config.agent_flow.dump.include_messages)
-        path = RolloutDumpWriter(rollout_data_dir).write_records(
-            self.global_steps, dump_records(batch, self.global_steps, include))
-        logger.info("rollout dump of step %d: %s", self.global_steps, path)
-
     def _update_actor(self, batch: DataProto) -> DataProto:
+        dump = self.config.agent_flow.dump
+        if dump.enable:
+            path = RolloutDumpWriter(str(dump.dir)).write_records(
+                self.global_steps, dump_records(batch, self.global_steps, bool(dump.include_messages)))
+            logger.info("rollout dump of step %d: %s", self.global_steps, path)
         output = super()._update_actor(batch)
         output.meta_info["metrics"].update(episode_metrics(batch.non_tensor_batch))
         return output

@@ -1,0 +1,38 @@
+"""The command line of a small training run (tiny-test, 2 tasks x 2 episodes per step) for trainer tests."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+
+def training_command(service: str, run_dir: Path, *extra: str) -> list[str]:
+    """``python -m agentevolver.main_ppo --config-name quickstart`` shrunk for tests, logging to
+    ``run_dir/metrics.jsonl`` and checkpointing into ``run_dir/run`` every step."""
+    return [
+        sys.executable, "-m", "agentevolver.main_ppo",
+        "--config-name", "quickstart",
+        "actor_rollout_ref.model.path=tiny-test",
+        "trainer.total_training_steps=2",
+        f"env_service.env_url={service}", "env_service.env_type=lottery", "env_service.create_params={}",
+        "data.train_batch_size=2", "actor_rollout_ref.rollout.n=2", "data.max_prompt_length=256",
+        "data.max_response_length=64", "actor_rollout_ref.rollout.response_length=64",
+        "actor_rollout_ref.actor.ppo_mini_batch_size=2", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2",
+        "actor_rollout_ref.actor.optim.lr=1e-4", "agent_flow.max_tokens_per_turn=16",
+        "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=4",
+        "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=4",
+        "algorithm.rollout_correction.bypass_mode=false",
+        "actor_rollout_ref.actor.checkpoint.save_contents=[model,optimizer,extra,hf_model]",
+        "trainer.val_before_train=false", "trainer.test_freq=-1", "trainer.save_freq=1",
+        f"trainer.default_local_dir={run_dir / 'run'}", "trainer.logger=[console,file]",
+        "+ray_kwargs.ray_init.include_dashboard=false",
+        f"+ray_kwargs.ray_init.runtime_env.env_vars.VERL_FILE_LOGGER_PATH={run_dir / 'metrics.jsonl'}",
+        *extra,
+    ]
+
+
+def training_env() -> dict[str, str]:
+    return {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
