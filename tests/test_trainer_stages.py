@@ -35,7 +35,9 @@ def test_task_rows_come_from_the_env_splits_and_collate_like_verl(service: str) 
     with EnvClient(EnvClientSettings(env_url=service)) as env:
         train = tasks_from_env_service(env, "echo", "train", create_params={"level": 2})
         val = tasks_from_env_service(env, "echo", "val", limit=1)
+        spread = tasks_from_env_service(env, "echo", "train", limit=3)
     assert [t["task_id"] for t in train] == [f"t{i}" for i in range(8)] and len(val) == 1
+    assert [t["task_id"] for t in spread] == ["t0", "t2", "t5"]  # spread over the split, not its head
     assert train[0] == {"task_id": "t0", "env_type": "echo", "env_params": {"level": 2}}
     dataset = TaskDataset(train)
     batch = DataProto.from_single_dict(collate_fn([dataset[0], dataset[1]]))

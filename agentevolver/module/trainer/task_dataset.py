@@ -53,14 +53,18 @@ class TaskDataset(Dataset):
 def tasks_from_env_service(
     env_client: Any, env_type: str, split: str, limit: int = -1, create_params: Mapping[str, Any] | None = None
 ) -> list[dict[str, Any]]:
-    """Task rows of an environment split (``limit`` < 0 = all, else the first ``limit``); each carries the
-    ``create_params`` sent with its /create."""
+    """Task rows of an environment split; each carries the ``create_params`` sent with its /create.
+
+    ``limit`` < 0 takes every task; otherwise ``limit`` tasks spread evenly over the split, not its first
+    ones: environments list their tasks grouped by level or kind, and the first N would be one level only
+    (calc's first 16 validation tasks are all one-operation questions).
+    """
     try:
         task_ids = env_client.get_env_profile(env_type, split)
     except Exception as err:  # the client's error names the service problem; add what we were doing
         raise ConfigError(f"cannot list the {split!r} tasks of environment {env_type!r} at "
                           f"{env_client.settings.env_url}: {err}") from err
-    if limit is not None and limit >= 0:
-        task_ids = task_ids[:limit]
+    if limit is not None and 0 <= limit < len(task_ids):
+        task_ids = [task_ids[index * len(task_ids) // limit] for index in range(limit)]
     params = dict(create_params or {})
     return [{"task_id": task_id, "env_type": env_type, "env_params": params} for task_id in task_ids]
