@@ -45,6 +45,26 @@ _CACHE_LOCK = threading.Lock()
 _ENV_CLIENTS: dict[str, EnvClient] = {}
 
 
+class _FirstOnly(logging.Filter):
+    """Lets a message through once per process: verl's agent-loop base class warns about its token builder
+    for every *sample* (one loop object each), and this loop does not use that builder at all."""
+
+    def __init__(self, prefix: str) -> None:
+        super().__init__()
+        self.prefix = prefix
+        self.seen = False
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if not str(record.msg).startswith(self.prefix):
+            return True
+        first, self.seen = not self.seen, True
+        return first
+
+
+logging.getLogger("verl.utils.tokenizer.continuous_token_wiring").addFilter(
+    _FirstOnly("No model-specific Continuous Token builder"))
+
+
 def flow_budgets(config: DictConfig) -> dict[str, int]:
     """Token budgets of an episode from verl's keys: prompt cap, response cap and their sum as the window."""
     prompt = int(config.data.max_prompt_length)
