@@ -61,6 +61,7 @@ async def run_rollout(args: argparse.Namespace, console: Console) -> tuple[list[
     from agentevolver.module.agent_flow import AgentFlow, RolloutDumpWriter
     from agentevolver.module.agent_flow.runner import group_specs, run_episodes
     from agentevolver.module.agent_flow.verl_loop import flow_budgets
+    from agentevolver.module.trainer.task_dataset import spread_over
 
     cfg, settings = load_config(args.overrides)
     rollout = cfg.actor_rollout_ref.rollout
@@ -79,7 +80,7 @@ async def run_rollout(args: argparse.Namespace, console: Console) -> tuple[list[
         if args.task_id:
             task_ids = list(args.task_id)
         else:
-            task_ids = (await env.aget_env_profile(env_type, args.split))[: args.num_tasks]
+            task_ids = spread_over(await env.aget_env_profile(env_type, args.split), args.num_tasks)
         if not task_ids:
             raise ConfigError(f"--split {args.split!r} of environment {env_type!r} has no tasks")
         flow = AgentFlow(settings.agent_flow, tokenizer=tokenizer, env_client=env, generate=generator.generate,
@@ -127,7 +128,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m agentevolver.rollout", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--split", default="val", help="environment split to take tasks from (default val)")
-    parser.add_argument("--num-tasks", type=int, default=8, help="first N task ids of the split (default 8)")
+    parser.add_argument("--num-tasks", type=int, default=8,
+                        help="N task ids spread evenly over the split (default 8)")
     parser.add_argument("--task-id", action="append", help="run this task id (repeatable; overrides --split)")
     parser.add_argument("--n", type=int, default=None, help="episodes per task (default rollout.n)")
     parser.add_argument("--greedy", action="store_true", help="sample with rollout.val_kwargs (validation)")

@@ -21,7 +21,17 @@ from agentevolver.errors import ConfigError
 from agentevolver.module.agent_flow.episode import EpisodeSpec
 from agentevolver.module.agent_flow.verl_loop import AGENT_LOOP_NAME
 
-__all__ = ["TaskDataset", "tasks_from_env_service"]
+__all__ = ["TaskDataset", "spread_over", "tasks_from_env_service"]
+
+
+def spread_over(items: Sequence[Any], limit: int) -> list[Any]:
+    """``limit`` items spread evenly over ``items`` (all of them when ``limit`` < 0 or >= their number).
+
+    Environments list tasks grouped by level or kind, so the first N would be one level only.
+    """
+    if limit < 0 or limit >= len(items):
+        return list(items)
+    return [items[index * len(items) // limit] for index in range(limit)]
 
 
 class TaskDataset(Dataset):
@@ -64,7 +74,6 @@ def tasks_from_env_service(
     except Exception as err:  # the client's error names the service problem; add what we were doing
         raise ConfigError(f"cannot list the {split!r} tasks of environment {env_type!r} at "
                           f"{env_client.settings.env_url}: {err}") from err
-    if limit is not None and 0 <= limit < len(task_ids):
-        task_ids = [task_ids[index * len(task_ids) // limit] for index in range(limit)]
+    task_ids = spread_over(task_ids, -1 if limit is None else limit)
     params = dict(create_params or {})
     return [{"task_id": task_id, "env_type": env_type, "env_params": params} for task_id in task_ids]
