@@ -16,8 +16,8 @@ from env_service.registry import register_env
 TASKS = [f"t{i}" for i in range(10)]
 
 
-class _Echo(BaseEnv):
-    """Echoes the action; ``bye`` ends the episode; ``crash`` / ``hang`` / ``raise`` misbehave."""
+class _TenTasks(BaseEnv):
+    """Splits of the test environments: train = t0..t7, val = t8, t9."""
 
     @classmethod
     def splits(cls) -> list[str]:
@@ -27,6 +27,10 @@ class _Echo(BaseEnv):
     def task_ids(cls, split: str) -> list[str]:
         cls.check_split(split)
         return TASKS[:8] if split == "train" else TASKS[8:]
+
+
+class _Echo(_TenTasks):
+    """Echoes the action; ``bye`` ends the episode; ``crash`` / ``hang`` / ``raise`` misbehave."""
 
     def __init__(self, task_id: str, instance_id: str, params: dict) -> None:
         if task_id not in TASKS:
@@ -67,7 +71,7 @@ class EchoProcess(_Echo):
 
 
 @register_env("lottery")
-class Lottery(BaseEnv):
+class Lottery(_TenTasks):
     """One-step episodes whose score is the parity of the answer's character codes.
 
     A reward that varies between samples of the same task whatever model answers, so GRPO groups get
@@ -75,15 +79,6 @@ class Lottery(BaseEnv):
     """
 
     isolation = "inline"
-
-    @classmethod
-    def splits(cls) -> list[str]:
-        return ["train", "val"]
-
-    @classmethod
-    def task_ids(cls, split: str) -> list[str]:
-        cls.check_split(split)
-        return TASKS[:8] if split == "train" else TASKS[8:]
 
     def __init__(self, task_id: str, instance_id: str, params: dict) -> None:
         super().__init__(task_id, instance_id, params)

@@ -19,10 +19,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-import torch
 from env_service_fixture import REPO_ROOT, env_service
-from safetensors.torch import load_file
-from training_fixture import training_command, training_env
+from training_fixture import load_safetensors, training_command, training_env
 
 from agentevolver.models import resolve_model_path
 from agentevolver.module.agent_flow import read_rollout_dump
@@ -41,14 +39,6 @@ def train(service: str, run_dir: Path, *extra: str) -> subprocess.CompletedProce
     return subprocess.CompletedProcess(process.args, process.returncode, stdout, stderr)
 
 
-def weights(folder: Path) -> dict[str, torch.Tensor]:
-    state: dict[str, torch.Tensor] = {}
-    for file in sorted(folder.glob("*.safetensors")):
-        state.update(load_file(str(file)))
-    assert state, f"no weights in {folder}"
-    return state
-
-
 def test_two_grpo_steps_through_the_training_entry(service: str, tmp_path: Path) -> None:
     done = train(service, tmp_path)
     assert done.returncode == 0, (done.stdout + done.stderr)[-6000:]
@@ -63,8 +53,8 @@ def test_two_grpo_steps_through_the_training_entry(service: str, tmp_path: Path)
     assert steps[2]["rollout_corr/log_ppl_abs_diff"] < 1e-4
 
     run = tmp_path / "run"
-    original = weights(Path(resolve_model_path("tiny-test")))
-    after = weights(run / "global_step_2" / "actor" / "huggingface")
+    original = load_safetensors(Path(resolve_model_path("tiny-test")))
+    after = load_safetensors(run / "global_step_2" / "actor" / "huggingface")
     moved = max((after[name].float() - original[name].float()).abs().max().item() for name in original)
     assert moved > 1e-6
 

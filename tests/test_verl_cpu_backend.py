@@ -33,6 +33,8 @@ from pathlib import Path
 import pytest
 
 torch = pytest.importorskip("torch")
+from training_fixture import load_safetensors  # noqa: E402
+
 pytest.importorskip("verl")
 
 SERVER_ACTOR = "hf_server_0_0"  # agentevolver.backends.cpu.rollout.server_actor_name(0)
@@ -92,16 +94,6 @@ def _write_dataset(path: Path) -> None:
         for index, question in enumerate(questions)
     ]
     pd.DataFrame(rows).to_parquet(path)
-
-
-def _load_safetensors(folder: Path) -> dict[str, torch.Tensor]:
-    from safetensors.torch import load_file
-
-    state: dict[str, torch.Tensor] = {}
-    for file in sorted(folder.glob("*.safetensors")):
-        state.update(load_file(str(file)))
-    assert state, f"no safetensors in {folder}"
-    return state
 
 
 def _max_diff(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor], names: list[str]) -> float:
@@ -351,9 +343,9 @@ def test_legacy_trainer_runs_grpo_on_cpu(tmp_path: Path):
     assert steps[2]["rollout_corr/log_ppl_abs_diff"] < 1e-4, steps[2]["rollout_corr/log_ppl_abs_diff"]
 
     # -- the actor's weights moved ----------------------------------------------------------------------------
-    original = _load_safetensors(model_dir)
+    original = load_safetensors(model_dir)
     names = sorted(original)
-    ckpt = {step: _load_safetensors(checkpoints / f"global_step_{step}" / "actor" / "huggingface") for step in (1, 2)}
+    ckpt = {step: load_safetensors(checkpoints / f"global_step_{step}" / "actor" / "huggingface") for step in (1, 2)}
     for step in (1, 2):
         assert set(names) <= set(ckpt[step]), sorted(set(names) - set(ckpt[step]))
     assert _max_diff(ckpt[1], original, names) > 1e-5

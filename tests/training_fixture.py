@@ -6,6 +6,8 @@ import os
 import sys
 from pathlib import Path
 
+import torch
+
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -32,6 +34,17 @@ def training_command(service: str, run_dir: Path, *extra: str) -> list[str]:
         f"+ray_kwargs.ray_init.runtime_env.env_vars.VERL_FILE_LOGGER_PATH={run_dir / 'metrics.jsonl'}",
         *extra,
     ]
+
+
+def load_safetensors(folder: Path) -> dict[str, torch.Tensor]:
+    """Every tensor of the ``*.safetensors`` files of a checkpoint folder (a model file or a saved HF dir)."""
+    from safetensors.torch import load_file
+
+    state: dict[str, torch.Tensor] = {}
+    for file in sorted(folder.glob("*.safetensors")):
+        state.update(load_file(str(file)))
+    assert state, f"no safetensors in {folder}"
+    return state
 
 
 def training_env() -> dict[str, str]:
