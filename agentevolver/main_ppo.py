@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import logging
 import sys
-from pathlib import Path
 
 import hydra
 from omegaconf import DictConfig, open_dict
@@ -28,12 +27,12 @@ logger = logging.getLogger(__name__)
 def prepare_config(cfg: DictConfig) -> DictConfig:
     """Validate our sections and fill the derived verl keys (in place; returns ``cfg``)."""
     from agentevolver.models import resolve_model_path
+    from agentevolver.module.agent_flow.dump import rollout_dump_dir
 
     settings = validate_config(cfg)
     with open_dict(cfg):
         cfg.actor_rollout_ref.model.path = str(resolve_model_path(str(cfg.actor_rollout_ref.model.path)))
-        if settings.agent_flow.dump.dir is None:
-            cfg.agent_flow.dump.dir = str(Path(str(cfg.trainer.default_local_dir)) / "rollouts")
+        cfg.agent_flow.dump.dir = str(rollout_dump_dir(settings.agent_flow.dump.dir, str(cfg.trainer.default_local_dir)))
     return cfg
 
 

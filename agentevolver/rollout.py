@@ -39,43 +39,25 @@ def _sampling_params(rollout: Any, greedy: bool) -> dict[str, Any]:
             "logprobs": bool(rollout.calculate_log_probs)}
 
 
-def _run_dir(cfg: Any, override: str | None) -> Path:
-    if override:
-        return Path(override)
-    return Path(str(cfg.trainer.default_local_dir))
-
-
-def _dump_dir(cfg: Any, settings: Any, run_dir: Path) -> Path:
-    configured = settings.agent_flow.dump.dir
-    return Path(configured) if configured else run_dir / "rollouts"
-
-
 async def run_rollout(args: argparse.Namespace, console: Console) -> tuple[list[Any], Path | None]:
     """Run the job described by ``args``; returns the episode results and the dump path (None if off)."""
-    from transformers import AutoTokenizer
-
     from agentevolver.backends.cpu import HFGenerator
     from agentevolver.client.env_client import EnvClient
-    from agentevolver.client.llm_client import client_for_role
-    from agentevolver.models import resolve_model_path
     from agentevolver.module.agent_flow import AgentFlow, RolloutDumpWriter
+    from agentevolver.module.agent_flow.dump import rollout_dump_dir
+    from agentevolver.module.agent_flow.flow import clipper_for
     from agentevolver.module.agent_flow.runner import group_specs, run_episodes
     from agentevolver.module.agent_flow.verl_loop import flow_budgets
-    from agentevolver.module.trainer.task_dataset import spread_over
+    from agentevolver.module.trainer.task_dataset import spread_over, task_rows
 
     cfg, settings = load_config(args.overrides)
     rollout = cfg.actor_rollout_ref.rollout
     env_type = settings.env_service.env_type
     n = args.n if args.n is not None else int(rollout.n)
-    model_path = resolve_model_path(str(cfg.actor_rollout_ref.model.path))
-    tokenizer = AutoTokenizer.from_pretrained(model_path)
     budgets = flow_budgets(cfg)
-    generator = HFGenerator.from_pretrained(str(model_path), dtype=args.dtype,
+    generator = HFGenerator.from_pretrained(str(cfg.actor_rollout_ref.model.path), dtype=args.dtype,
                                             max_batch_size=args.max_batch_size, seed=args.seed,
                                             default_max_tokens=budgets["max_response_len"])
-    clipper = None
-    if settings.agent_flow.context_template == "self_clip":
-        clipper = client_for_role(settings.llm, "context_clipper")
     async with EnvClient.from_config(settings.env_service) as env:
         if args.task_id:
             task_ids = list(args.task_id)
@@ -83,10 +65,10 @@ async def run_rollout(args: argparse.Namespace, console: Console) -> tuple[list[
             task_ids = spread_over(await env.aget_env_profile(env_type, args.split), args.num_tasks)
         if not task_ids:
             raise ConfigError(f"--split {args.split!r} of environment {env_type!r} has no tasks")
-        flow = AgentFlow(settings.agent_flow, tokenizer=tokenizer, env_client=env, generate=generator.generate,
-                         clipper=clipper, **budgets)
-        params = dict(settings.env_service.create_params)
-        specs = group_specs([{"task_id": t, "env_type": env_type, "env_params": params} for t in task_ids], n)
+        flow = AgentFlow(settings.agent_flow, tokenizer=generator.tokenizer, env_client=env,
+                         generate=generator.generate, clipper=clipper_for(settings.agent_flow, settings.llm),
+                         **budgets)
+        specs = group_specs(task_rows(task_ids, env_type, settings.env_service.create_params), n)
         sampling = _sampling_params(rollout, args.greedy)
         with Progress(TextColumn("episodes"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                       console=console, transient=True) as progress:
@@ -96,7 +78,8 @@ async def run_rollout(args: argparse.Namespace, console: Console) -> tuple[list[
     await generator.aclose()
     dump_path = None
     if settings.agent_flow.dump.enable:
-        writer = RolloutDumpWriter(_dump_dir(cfg, settings, _run_dir(cfg, args.run_dir)),
+        run_dir = args.run_dir or str(cfg.trainer.default_local_dir)
+        writer = RolloutDumpWriter(rollout_dump_dir(settings.agent_flow.dump.dir, run_dir),
                                    include_messages=settings.agent_flow.dump.include_messages)
         dump_path = writer.write(args.step, results)
     return results, dump_path

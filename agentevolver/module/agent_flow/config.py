@@ -9,16 +9,12 @@ episode that outgrew them could not be trained. :meth:`AgentFlowConfig.context_c
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from agentevolver.module.context_manager import (
-    DEFAULT_CLIPPER_PROMPT,
-    DEFAULT_THINK_HINT,
-    ContextManagerConfig,
-    context_manager_names,
-)
+from agentevolver.module.context_manager import ContextManagerConfig, context_manager_names
+from agentevolver.module.context_manager import ContextOptions as BaseContextOptions
 from agentevolver.module.tools import ToolsConfig
 
 __all__ = ["AgentFlowConfig", "ContextOptions", "DumpConfig", "MadnessConfig"]
@@ -28,18 +24,11 @@ class _Model(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
-class ContextOptions(_Model):
-    """``agent_flow.context``: per-manager options (budgets come from verl's lengths, see module doc)."""
+class ContextOptions(BaseContextOptions):
+    """``agent_flow.context``: the context manager's options (budgets come from verl's lengths, see module doc);
+    a turn needs 8 free tokens by default, so an episode ends instead of generating a few tokens at the edge."""
 
-    max_env_len: int | None = Field(default=4096, ge=1)
-    env_clip_marker: str = "\n...[{n} tokens truncated]"
     min_generation_tokens: int = Field(default=8, ge=1)
-    chat_template_kwargs: dict[str, Any] = Field(default_factory=dict)
-    think_hint: str = DEFAULT_THINK_HINT
-    memory_entry_chars: int = Field(default=400, ge=16)
-    clip_threshold: float = Field(default=0.8, gt=0.0, le=1.0)
-    keep_last_turns: int = Field(default=1, ge=0)
-    clipper_prompt: str = DEFAULT_CLIPPER_PROMPT
 
 
 class MadnessConfig(_Model):

@@ -17,10 +17,15 @@ from typing import Any
 
 from agentevolver.module.agent_flow.episode import EpisodeResult
 
-__all__ = ["ROLLOUT_DIR_NAME", "RolloutDumpWriter", "read_rollout_dump", "rollout_dump_path"]
+__all__ = ["ROLLOUT_DIR_NAME", "RolloutDumpWriter", "read_rollout_dump", "rollout_dump_dir", "rollout_dump_path"]
 
 #: Sub-folder of the run directory holding the dumps.
 ROLLOUT_DIR_NAME = "rollouts"
+
+
+def rollout_dump_dir(configured: str | os.PathLike[str] | None, run_dir: str | os.PathLike[str]) -> Path:
+    """Where a run's dumps go: ``agent_flow.dump.dir`` when set, else ``<run dir>/rollouts``."""
+    return Path(configured) if configured else Path(run_dir) / ROLLOUT_DIR_NAME
 
 
 def rollout_dump_path(directory: str | os.PathLike[str], step: int) -> Path:

@@ -27,7 +27,13 @@ from agentevolver.errors import ConfigError
 from agentevolver.module.agent_flow.config import AgentFlowConfig
 from agentevolver.module.agent_flow.episode import EpisodeResult, EpisodeSpec, Termination
 from agentevolver.module.agent_flow.madness import is_mad
-from agentevolver.module.context_manager import ContextManager, ContextManagerConfig, make_context_manager
+from agentevolver.module.context_manager import (
+    Author,
+    ContextManager,
+    ContextManagerConfig,
+    ContextMessage,
+    make_context_manager,
+)
 from agentevolver.module.tools import (
     ParsedAction,
     ToolRegistry,
@@ -38,7 +44,7 @@ from agentevolver.module.tools import (
 from agentevolver.schema.message import ChatMessage, ToolCall
 from agentevolver.schema.trajectory import Reward
 
-__all__ = ["AgentFlow", "GenerateFn", "import_tool_modules"]
+__all__ = ["AgentFlow", "GenerateFn", "clipper_for", "import_tool_modules"]
 
 logger = logging.getLogger(__name__)
 
@@ -67,6 +73,15 @@ def import_tool_modules(modules: list[str]) -> None:
                               "module path such as 'my_project.tools'") from err
 
 
+def clipper_for(config: AgentFlowConfig, llm_config: Any) -> Any:
+    """The ``context_clipper`` LLM role client when the context manager is ``self_clip``, else None."""
+    if config.context_template != "self_clip":
+        return None
+    from agentevolver.client.llm_client import client_for_role
+
+    return client_for_role(llm_config, "context_clipper")
+
+
 class _EpisodeState:
     """Counters of one episode (kept off the shared AgentFlow so concurrent episodes never mix)."""
 
@@ -78,15 +93,14 @@ class _EpisodeState:
         self.mad = False
         self.env_rewards: list[float] = []
         self.final_observation: list[ChatMessage] = []
-        self.pending_observations: list[ChatMessage] = []
 
 
 class AgentFlow:
     """Runs episodes; see the module docstring.
 
-    ``context_budget`` are the token budgets of the run: ``max_model_len`` and, under verl,
-    ``max_prompt_len = data.max_prompt_length`` and ``max_response_len = rollout.response_length``.
-    ``clipper`` is the LLM role object for ``self_clip``.
+    ``max_model_len``, ``max_prompt_len`` and ``max_response_len`` are the token budgets of the run (under
+    verl: :func:`~agentevolver.module.agent_flow.verl_loop.flow_budgets`). ``clipper`` is the LLM role object
+    for ``self_clip`` (:func:`clipper_for`).
     """
 
     def __init__(
@@ -143,8 +157,8 @@ class AgentFlow:
                 cm = make_context_manager(self.config.context_template, self.tokenizer, self.context_config,
                                           tools=schemas or None, llm=self.clipper)
                 cm.start(self._initial_messages(created.state, spec), experience=spec.experience)
-                termination, error = await self._loop(spec, cm, tools, schemas, env_tools, instance_id,
-                                                      sampling_params, request_id, state)
+                termination, error = await self._loop(cm, tools, schemas, instance_id, sampling_params,
+                                                      request_id, state)
                 if termination != "env_error":
                     reward = await self._reward(instance_id, tools, state)
             except EnvClientError as err:
@@ -168,18 +182,15 @@ class AgentFlow:
     # ------------------------------------------------------------------ the loop
     async def _loop(
         self,
-        spec: EpisodeSpec,
         cm: ContextManager,
         tools: ToolSet,
         schemas: list[dict[str, Any]],
-        env_tools: list[dict[str, Any]],
         instance_id: str,
         sampling_params: Mapping[str, Any],
         request_id: str,
         state: _EpisodeState,
     ) -> tuple[Termination, str | None]:
         config = self.config
-        env_tool_names = {schema["function"]["name"] for schema in env_tools}
         for step in range(config.max_steps):
             if cm.exhausted:
                 return "budget", None
@@ -213,10 +224,10 @@ class AgentFlow:
                     continue
             else:
                 state.parse_errors_in_row = 0
-            outcome = await self._act(action, message.content, tools, env_tool_names, instance_id, state)
-            if outcome is not None:
-                return outcome
-            await self._observe(cm, state.pending_observations)
+            ended, observations = await self._act(action, message.content, tools, instance_id, state)
+            if ended is not None:
+                return ended
+            await self._observe(cm, observations)
         return ("budget" if cm.exhausted else "max_steps"), None
 
     async def _observe(self, cm: ContextManager, observations: list[ChatMessage]) -> None:
@@ -232,28 +243,25 @@ class AgentFlow:
         action: ParsedAction,
         text: str,
         tools: ToolSet,
-        env_tool_names: set[str],
         instance_id: str,
         state: _EpisodeState,
-    ) -> tuple[Termination, str | None] | None:
-        """Run local tool calls and/or step the environment; leaves the observations on ``state``.
+    ) -> tuple[tuple[Termination, str | None] | None, list[ChatMessage]]:
+        """Run local tool calls and/or step the environment: ``(termination or None, observations)``.
 
-        Calls naming a local tool run here; the rest go to the environment with the assistant message.
+        Calls naming a local tool run here (no local tool shares a name with an environment tool: the
+        schemas were merged with that check); the rest go to the environment with the assistant message.
         When every call is local the environment is not stepped (it would see calls it does not know).
-        Returns a termination when the episode ends.
         """
         local_names = set(tools.names)
-        local_calls = [c for c in action.tool_calls if c.function.name in local_names
-                       and c.function.name not in env_tool_names]
-        env_calls = [c for c in action.tool_calls if c not in local_calls]
+        local_calls = [c for c in action.tool_calls if c.function.name in local_names]
+        env_calls = [c for c in action.tool_calls if c.function.name not in local_names]
         observations: list[ChatMessage] = []
         if local_calls:
             state.counts["tool_calls"] += len(local_calls)
             results = await self._timed(state, "tool_s", tools.execute(local_calls, **self.config.tools.execute_kwargs()))
             observations += [result.to_message() for result in results]
-        state.pending_observations = observations
         if local_calls and not env_calls:
-            return None
+            return None, observations
         state.counts["env_steps"] += 1
         step = await self._timed(state, "env_s", self.env.astep(
             instance_id, self._env_action(text, env_calls)))
@@ -262,14 +270,13 @@ class AgentFlow:
             state.counts["env_errors"] += 1
             state.env_errors_in_row += 1
             if step.info.get("instance_lost") or state.env_errors_in_row >= self.config.max_env_errors:
-                return "env_error", str(step.info.get("error", "environment step failed"))
+                return ("env_error", str(step.info.get("error", "environment step failed"))), observations
         else:
             state.env_errors_in_row = 0
         if step.is_terminated:
             state.final_observation = list(step.state)
-            return "finished", None
-        observations += step.state
-        return None
+            return ("finished", None), observations
+        return None, observations + step.state
 
     @staticmethod
     def _env_action(text: str, calls: list[ToolCall]) -> ChatMessage:
@@ -355,9 +362,9 @@ class AgentFlow:
             extras = {"termination": termination}
             samples = cm.to_samples(task_id=spec.task_id, group_id=spec.group_id, rollout_id=spec.rollout_id,
                                     reward=reward, exp_mask=spec.exp_mask, extras=extras)
-            messages = [message.to_dict() for message in cm.messages]
-            messages += [{**m.model_dump(exclude_none=True), "author": "env", "trained": False,
-                          "step": num_turns - 1, "in_context": False} for m in state.final_observation]
+            final = [ContextMessage(m, Author.ENV, step=num_turns - 1, in_context=False)
+                     for m in state.final_observation]
+            messages = [message.to_dict() for message in [*cm.messages, *final]]
         return EpisodeResult(
             task_id=spec.task_id, env_type=spec.env_type, group_id=spec.group_id, rollout_id=spec.rollout_id,
             instance_id=instance_id, termination=termination, error=error, num_turns=num_turns, reward=reward,

@@ -11,9 +11,11 @@ optionally ``rollout_id``. The output is the episode's final sample; everything 
 (step_ids, termination, reward parts, exp_mask, metrics, earlier samples of multi-sample context managers,
 the dump record) travels in ``extra_fields``.
 
-Process-wide objects (the env client's connection pool, the flow with its parsed config) are cached per
-worker process, keyed by the config they were built from: verl creates a loop object per *sample*, and a
-connection pool per sample would defeat pooling. They hold no per-episode state.
+Process-wide objects (the env client's connection pool, the flow with its parsed config, parser, tool
+catalogue, clipper client and cache of environment tool schemas) are cached per worker process, keyed by
+the config they were built from: verl creates a loop object per *sample*, and rebuilding them per sample
+would validate the config, fetch the environment's tool schemas and open connection pools once per
+episode. They hold no per-episode state.
 """
 
 from __future__ import annotations
@@ -28,11 +30,10 @@ from omegaconf import DictConfig, OmegaConf
 from verl.experimental.agent_loop.agent_loop import AgentLoopBase, AgentLoopMetrics, AgentLoopOutput, register
 
 from agentevolver.client.env_client import EnvClient
-from agentevolver.client.llm_client import client_for_role
 from agentevolver.errors import ConfigError
 from agentevolver.module.agent_flow.config import AgentFlowConfig
 from agentevolver.module.agent_flow.episode import EpisodeResult, EpisodeSpec
-from agentevolver.module.agent_flow.flow import AgentFlow
+from agentevolver.module.agent_flow.flow import AgentFlow, clipper_for
 
 __all__ = ["AGENT_LOOP_NAME", "AgentEvolverAgentLoop", "episode_spec_from_row", "flow_budgets"]
 
@@ -43,6 +44,8 @@ AGENT_LOOP_NAME = "agentevolver"
 
 _CACHE_LOCK = threading.Lock()
 _ENV_CLIENTS: dict[str, EnvClient] = {}
+#: config key -> (server manager, tokenizer, flow); the first two are kept to check identity on reuse.
+_FLOWS: dict[str, tuple[Any, Any, AgentFlow]] = {}
 
 
 class _FirstOnly(logging.Filter):
@@ -86,6 +89,28 @@ def _shared_env_client(section: Any) -> EnvClient:
         return client
 
 
+def _shared_flow(config: DictConfig, server_manager: Any, tokenizer: Any) -> AgentFlow:
+    """One :class:`AgentFlow` per worker process, config, server manager and tokenizer."""
+    sections = {name: _plain(config[name]) for name in ("agent_flow", "env_service", "llm")}
+    key = json.dumps({**sections, **flow_budgets(config)}, sort_keys=True, default=str)
+    with _CACHE_LOCK:
+        cached = _FLOWS.get(key)
+        if cached is not None and cached[0] is server_manager and cached[1] is tokenizer:
+            return cached[2]
+    flow_config = AgentFlowConfig.model_validate(sections["agent_flow"])
+    flow = AgentFlow(
+        flow_config,
+        tokenizer=tokenizer,
+        env_client=_shared_env_client(config.env_service),
+        generate=server_manager.generate,
+        clipper=clipper_for(flow_config, config.llm),
+        **flow_budgets(config),
+    )
+    with _CACHE_LOCK:
+        _FLOWS[key] = (server_manager, tokenizer, flow)
+    return flow
+
+
 def episode_spec_from_row(row: Mapping[str, Any]) -> EpisodeSpec:
     """The episode of one dataset row (see the module docstring); errors name the missing field."""
     task = row.get("task")
@@ -107,18 +132,7 @@ class AgentEvolverAgentLoop(AgentLoopBase):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self.flow_config = AgentFlowConfig.model_validate(_plain(self.config.agent_flow))
-        clipper = None
-        if self.flow_config.context_template == "self_clip":
-            clipper = client_for_role(self.config.llm, "context_clipper")
-        self.flow = AgentFlow(
-            self.flow_config,
-            tokenizer=self.tokenizer,
-            env_client=_shared_env_client(self.config.env_service),
-            generate=self.server_manager.generate,
-            clipper=clipper,
-            **flow_budgets(self.config),
-        )
+        self.flow = _shared_flow(self.config, self.server_manager, self.tokenizer)
 
     async def run(self, sampling_params: dict[str, Any], **kwargs: Any) -> AgentLoopOutput:
         spec = episode_spec_from_row(kwargs)

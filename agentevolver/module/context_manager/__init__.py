@@ -16,6 +16,7 @@ from agentevolver.module.context_manager.config import (
     DEFAULT_CLIPPER_PROMPT,
     DEFAULT_THINK_HINT,
     ContextManagerConfig,
+    ContextOptions,
 )
 from agentevolver.module.context_manager.linear import LinearContextManager
 from agentevolver.module.context_manager.linear_think import LinearThinkContextManager
@@ -41,6 +42,7 @@ __all__ = [
     "ContextManager",
     "ContextManagerConfig",
     "ContextMessage",
+    "ContextOptions",
     "ContextOrderError",
     "ContextRenderer",
     "ContextResult",

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-__all__ = ["DEFAULT_CLIPPER_PROMPT", "DEFAULT_THINK_HINT", "ContextManagerConfig"]
+__all__ = ["DEFAULT_CLIPPER_PROMPT", "DEFAULT_THINK_HINT", "ContextManagerConfig", "ContextOptions"]
 
 #: Appended to the last message of every ``linear_think`` context (the reference's "think first" nudge).
 DEFAULT_THINK_HINT = (
@@ -28,19 +28,12 @@ DEFAULT_CLIPPER_PROMPT = (
 )
 
 
-class ContextManagerConfig(BaseModel):
-    """Budgets and per-manager options (all token counts use the policy tokenizer)."""
+class ContextOptions(BaseModel):
+    """Per-manager options, without the token budgets (the ``agent_flow.context`` config section holds these;
+    its budgets come from the run's lengths)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    #: Window of the policy: prompt + response of every sample, and every prompt sent to generation (all).
-    max_model_len: int = Field(default=8192, ge=2)
-    #: Cap on the response part of one sample: generated AND observation tokens (verl's ``response_length``).
-    #: None = only ``max_model_len`` limits it (all).
-    max_response_len: int | None = Field(default=None, ge=1)
-    #: Cap on the prompt of a sample that starts a fresh context (the first one, or one after history was
-    #: rewritten). None = only ``max_model_len`` limits it (all).
-    max_prompt_len: int | None = Field(default=None, ge=1)
     #: Environment/tool message content is clipped to this many tokens, marker included. None = no clip (all).
     max_env_len: int | None = Field(default=4096, ge=1)
     #: Marker that replaces the clipped tail of a long observation; ``{n}`` = tokens removed (all).
@@ -61,6 +54,26 @@ class ContextManagerConfig(BaseModel):
     #: System prompt of the archivist LLM (``self_clip``).
     clipper_prompt: str = DEFAULT_CLIPPER_PROMPT
 
+    @field_validator("env_clip_marker")
+    @classmethod
+    def _marker_counts(cls, value: str) -> str:
+        if "{n}" not in value:
+            raise ValueError("env_clip_marker must contain '{n}' (the number of tokens removed)")
+        return value
+
+
+class ContextManagerConfig(ContextOptions):
+    """Budgets and per-manager options (all token counts use the policy tokenizer)."""
+
+    #: Window of the policy: prompt + response of every sample, and every prompt sent to generation (all).
+    max_model_len: int = Field(default=8192, ge=2)
+    #: Cap on the response part of one sample: generated AND observation tokens (verl's ``response_length``).
+    #: None = only ``max_model_len`` limits it (all).
+    max_response_len: int | None = Field(default=None, ge=1)
+    #: Cap on the prompt of a sample that starts a fresh context (the first one, or one after history was
+    #: rewritten). None = only ``max_model_len`` limits it (all).
+    max_prompt_len: int | None = Field(default=None, ge=1)
+
     @model_validator(mode="after")
     def _budgets_fit(self) -> ContextManagerConfig:
         """A cap larger than the window can never bind; say so instead of silently ignoring it."""
@@ -68,6 +81,4 @@ class ContextManagerConfig(BaseModel):
             value = getattr(self, key)
             if value is not None and value >= self.max_model_len:
                 raise ValueError(f"{key} ({value}) must be below max_model_len ({self.max_model_len})")
-        if "{n}" not in self.env_clip_marker:
-            raise ValueError("env_clip_marker must contain '{n}' (the number of tokens removed)")
         return self

@@ -21,7 +21,7 @@ from agentevolver.errors import ConfigError
 from agentevolver.module.agent_flow.episode import EpisodeSpec
 from agentevolver.module.agent_flow.verl_loop import AGENT_LOOP_NAME
 
-__all__ = ["TaskDataset", "spread_over", "tasks_from_env_service"]
+__all__ = ["TaskDataset", "spread_over", "task_rows", "tasks_from_env_service"]
 
 
 def spread_over(items: Sequence[Any], limit: int) -> list[Any]:
@@ -74,6 +74,12 @@ def tasks_from_env_service(
     except Exception as err:  # the client's error names the service problem; add what we were doing
         raise ConfigError(f"cannot list the {split!r} tasks of environment {env_type!r} at "
                           f"{env_client.settings.env_url}: {err}") from err
-    task_ids = spread_over(task_ids, -1 if limit is None else limit)
+    return task_rows(spread_over(task_ids, -1 if limit is None else limit), env_type, create_params)
+
+
+def task_rows(
+    task_ids: Sequence[str], env_type: str, create_params: Mapping[str, Any] | None = None
+) -> list[dict[str, Any]]:
+    """One task row (:class:`EpisodeSpec` fields) per id, each carrying the ``create_params`` of its /create."""
     params = dict(create_params or {})
     return [{"task_id": task_id, "env_type": env_type, "env_params": params} for task_id in task_ids]
