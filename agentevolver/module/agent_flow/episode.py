@@ -97,8 +97,7 @@ class EpisodeResult(BaseModel):
             "success": self.success,
             "metrics": self.metrics,
         }
-        final = self.final_sample
-        record.update(_token_fields(final) if final is not None else _token_fields(None))
+        record.update(_token_fields(self.final_sample))
         record["other_samples"] = [_token_fields(sample) for sample in self.samples[:-1]]
         record["advantages"] = advantages
         if include_messages:
