@@ -17,7 +17,7 @@ import hydra
 from omegaconf import DictConfig, open_dict
 
 from agentevolver.config import validate_config
-from agentevolver.errors import AgentEvolverError
+from agentevolver.errors import AgentEvolverError, ConfigError
 
 __all__ = ["main", "prepare_config", "train"]
 
@@ -30,10 +30,24 @@ def prepare_config(cfg: DictConfig) -> DictConfig:
     from agentevolver.module.agent_flow.dump import rollout_dump_dir
 
     settings = validate_config(cfg)
+    _check_loggers(cfg.trainer.get("logger"))
     with open_dict(cfg):
         cfg.actor_rollout_ref.model.path = str(resolve_model_path(str(cfg.actor_rollout_ref.model.path)))
         cfg.agent_flow.dump.dir = str(rollout_dump_dir(settings.agent_flow.dump.dir, str(cfg.trainer.default_local_dir)))
     return cfg
+
+
+def _check_loggers(value: object) -> None:
+    """``trainer.logger`` names only backends that exist (verl's would fail later, inside a Ray actor)."""
+    from verl.utils.tracking import Tracking
+
+    from agentevolver.module.trainer.tracking import OWN_BACKENDS
+
+    names = [value] if isinstance(value, str) else list(value or [])
+    known = [*OWN_BACKENDS, *Tracking.supported_backend]
+    unknown = [str(name) for name in names if name not in known]
+    if unknown:
+        raise ConfigError(f"trainer.logger: unknown backend(s) {unknown}; choose from {known}")
 
 
 def train(cfg: DictConfig) -> None:

@@ -9,7 +9,7 @@ It registers:
 
 * the ``cpu`` verl platform (:mod:`agentevolver.backends.cpu.platform`), chosen by ``VERL_PLATFORM=cpu``
   or by auto-detection when torch is a CPU-only build;
-* on the ``cpu`` platform only: the process-group backend patch (:mod:`agentevolver.backends.cpu.patches`)
+* on the ``cpu`` platform only: the process-group backend patch (:mod:`agentevolver.verl_patches`)
   and verl's FSDP engines for device ``cpu`` (:mod:`agentevolver.backends.cpu.engine`);
 * the rollout ``hf`` (:mod:`agentevolver.backends.cpu.rollout`): its replica in verl's
   ``RolloutReplicaRegistry`` and its worker-side adapter in verl's rollout-class table;
@@ -166,7 +166,7 @@ def register_all() -> None:
         logger.warning("agentevolver verl plugin: registering the cpu platform failed", exc_info=True)
     if cpu:
         try:
-            from agentevolver.backends.cpu import patches
+            from agentevolver import verl_patches as patches
 
             patches.apply()
         except Exception:

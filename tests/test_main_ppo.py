@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -24,6 +25,10 @@ from training_fixture import load_safetensors, training_command, training_env
 
 from agentevolver.models import resolve_model_path
 from agentevolver.module.agent_flow import read_rollout_dump
+from agentevolver.module.trainer.tracking import read_metrics
+
+#: Ray prefixes the lines an actor prints with "(ActorName pid=123) " (coloured on a terminal).
+RAY_PREFIX = re.compile(r"^(\x1b\[[0-9;]*m)?\(\w+ pid=\d+[^)]*\)(\x1b\[[0-9;]*m)? ")
 
 
 @pytest.fixture(scope="module")
@@ -42,8 +47,12 @@ def train(service: str, run_dir: Path, *extra: str) -> subprocess.CompletedProce
 def test_two_grpo_steps_through_the_training_entry(service: str, tmp_path: Path) -> None:
     done = train(service, tmp_path)
     assert done.returncode == 0, (done.stdout + done.stderr)[-6000:]
-    steps = {r["step"]: r["data"] for r in map(json.loads, (tmp_path / "metrics.jsonl").read_text().splitlines())}
+    steps = read_metrics(tmp_path / "run" / "metrics.jsonl")
     assert sorted(steps) == [1, 2]
+    # the per-step table: a header, then one row per step ("1/2", "2/2")
+    table_lines = [RAY_PREFIX.sub("", line).split() for line in done.stdout.splitlines()]
+    assert any(line[:3] == ["step", "reward", "success"] for line in table_lines), done.stdout[-3000:]
+    assert [line[0] for line in table_lines if line and line[0] in {"1/2", "2/2"}] == ["1/2", "2/2"]
     for metrics in steps.values():
         assert math.isfinite(metrics["actor/pg_loss"])
         assert math.isfinite(metrics["actor/grad_norm"]) and metrics["actor/grad_norm"] > 0

@@ -109,7 +109,7 @@ def test_plugin_registrations_in_this_process():
     from verl.workers.rollout.base import get_rollout_class
     from verl.workers.rollout.replica import get_rollout_replica_class
 
-    from agentevolver.backends.cpu import patches
+    from agentevolver import verl_patches as patches
     from agentevolver.backends.cpu.platform import PlatformCPU, torch_is_cpu_only
     from agentevolver.backends.cpu.rollout import HFReplica, HFServerAdapter
 
@@ -169,7 +169,7 @@ def test_when_imported_runs_after_the_import_and_survives_find_spec_probes(tmp_p
 
 def test_patch_guard_rejects_a_changed_function():
     """The guard refuses to patch a function that does not look like verl 0.9.1's."""
-    from agentevolver.backends.cpu.patches import VerlChangedError, _check
+    from agentevolver.verl_patches import VerlChangedError, _check
 
     def initialize_global_process_group_ray(timeout_second=None, backend=None):
         return backend or "gloo"

@@ -12,8 +12,8 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 
 
 def training_command(service: str, run_dir: Path, *extra: str) -> list[str]:
-    """``python -m agentevolver.main_ppo --config-name quickstart`` shrunk for tests, logging to
-    ``run_dir/metrics.jsonl`` and checkpointing into ``run_dir/run`` every step."""
+    """``python -m agentevolver.main_ppo --config-name quickstart`` shrunk for tests: the run folder is
+    ``run_dir/run`` (checkpoints every step, ``rollouts/``, ``metrics.jsonl``), the step table on stdout."""
     return [
         sys.executable, "-m", "agentevolver.main_ppo",
         "--config-name", "quickstart",
@@ -29,9 +29,8 @@ def training_command(service: str, run_dir: Path, *extra: str) -> list[str]:
         "algorithm.rollout_correction.bypass_mode=false",
         "actor_rollout_ref.actor.checkpoint.save_contents=[model,optimizer,extra,hf_model]",
         "trainer.val_before_train=false", "trainer.test_freq=-1", "trainer.save_freq=1",
-        f"trainer.default_local_dir={run_dir / 'run'}", "trainer.logger=[console,file]",
+        f"trainer.default_local_dir={run_dir / 'run'}", "trainer.logger=[table,jsonl]",
         "+ray_kwargs.ray_init.include_dashboard=false",
-        f"+ray_kwargs.ray_init.runtime_env.env_vars.VERL_FILE_LOGGER_PATH={run_dir / 'metrics.jsonl'}",
         *extra,
     ]
 

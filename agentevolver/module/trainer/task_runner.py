@@ -45,6 +45,7 @@ class TaskRunner(BaseTaskRunner):
         from verl.workers.config import HFModelConfig
 
         import agentevolver.verl_plugin  # noqa: F401 - registrations in this process too
+        from agentevolver import verl_patches
         from agentevolver.module.trainer.ppo_trainer import AgentEvolverTrainer
 
         OmegaConf.resolve(config)
@@ -68,5 +69,6 @@ class TaskRunner(BaseTaskRunner):
             collate_fn=collate_fn,
             train_sampler=create_rl_sampler(config.data, train_dataset),
         )
+        verl_patches.apply_tracking()  # trainer.logger's `table` and `jsonl` backends
         trainer.init_workers()
         trainer.fit()

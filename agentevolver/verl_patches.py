@@ -1,0 +1,162 @@
+"""Every monkeypatch this project applies to verl 0.9.1, each behind a guard that fails if verl changed.
+
+verl's registries and entry points cover almost everything (platform, engines, rollout, agent loop, policy
+loss, advantage estimator); these two places have no seam:
+
+1. **Process-group backend on CPU** (:func:`apply`, installed by :mod:`agentevolver.verl_plugin` on the ``cpu``
+   platform). Patched: ``verl.utils.distributed.initialize_global_process_group_ray(timeout_second=None,
+   backend=None)``. Without an explicit ``backend`` it builds ``f"cpu:gloo,{get_device_name()}:
+   {get_nccl_backend()}"``, meant as "gloo for CPU tensors, NCCL/HCCL for device tensors". On the ``cpu``
+   platform that string is ``"cpu:gloo,cpu:gloo"`` and ``torch.distributed.init_process_group`` rejects it
+   ("Duplicate device type cpu in backend string"). Every training worker calls it without a backend
+   (``verl.workers.engine_workers``), so there is no configuration way around it. The replacement passes
+   ``backend="gloo"`` when the platform's device is ``cpu`` and the caller gave no backend, and otherwise
+   calls verl's function unchanged. It is installed while ``import verl`` runs, i.e. before
+   ``engine_workers`` and ``checkpoint_engine.base`` bind the name with ``from verl.utils.distributed
+   import ...``; modules that already bound the original are rebound too. Delete it once verl builds a
+   valid backend string for ``cpu`` itself.
+
+2. **Logger backends** (:func:`apply_tracking`, installed by the trainer's task runner before ``fit()``).
+   ``RayPPOTrainer.fit`` builds ``verl.utils.tracking.Tracking`` itself (``from verl.utils.tracking import
+   Tracking`` inside the method) from ``trainer.logger``, and ``Tracking`` only knows a fixed list of
+   backends, so a project cannot add one. The replacement is a subclass
+   (:class:`agentevolver.module.trainer.tracking.RunTracking`) that adds this project's ``table`` (the
+   per-step console table) and ``jsonl`` (``<run dir>/metrics.jsonl``) backends and passes every other
+   name to verl unchanged.
+
+Each ``apply*`` checks first that verl's code still looks as described (signature and the source it relies
+on) and raises :class:`VerlChangedError` otherwise, so a verl upgrade that changes it fails loudly in
+``tests/test_verl_cpu_backend.py`` / ``tests/test_trainer_stages.py`` instead of silently patching
+something else.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import sys
+from collections.abc import Callable
+from typing import Any
+
+__all__ = ["TARGET", "TRACKING_TARGET", "VerlChangedError", "apply", "apply_tracking", "is_applied",
+           "tracking_is_applied"]
+
+#: The patched function, as ``module:attribute``.
+TARGET = "verl.utils.distributed:initialize_global_process_group_ray"
+_EXPECTED_PARAMETERS = ("timeout_second", "backend")
+_EXPECTED_SOURCE = 'f"cpu:gloo,{get_device_name()}:{get_nccl_backend()}"'
+_MARKER = "__agentevolver_cpu_patch__"
+
+
+class VerlChangedError(RuntimeError):
+    """verl's patched function no longer looks as this patch expects; re-check whether it is still needed."""
+
+
+def _check(function: Callable[..., Any]) -> None:
+    parameters = tuple(inspect.signature(function).parameters)
+    if parameters != _EXPECTED_PARAMETERS:
+        raise VerlChangedError(
+            f"{TARGET} now takes {parameters}; the CPU patch expects {_EXPECTED_PARAMETERS}. Re-check "
+            "agentevolver/verl_patches.py against the installed verl."
+        )
+    try:
+        source = inspect.getsource(function)
+    except (OSError, TypeError) as err:
+        raise VerlChangedError(f"cannot read the source of {TARGET} to check it: {err}") from err
+    if _EXPECTED_SOURCE not in source:
+        raise VerlChangedError(
+            f"{TARGET} no longer builds its default backend as {_EXPECTED_SOURCE}; verl may build a valid "
+            "string for cpu now. Re-check whether agentevolver/verl_patches.py (patch 1) is still needed."
+        )
+
+
+def is_applied() -> bool:
+    """Whether :func:`apply` has replaced verl's function in this process."""
+    import verl.utils.distributed as distributed
+
+    return getattr(distributed.initialize_global_process_group_ray, _MARKER, False)
+
+
+def apply() -> bool:
+    """Install the patch (idempotent); returns True when it was installed by this call.
+
+    Raises:
+        VerlChangedError: verl's function differs from the one this patch was written for.
+    """
+    import verl.utils.distributed as distributed
+    from verl.utils.device import get_device_name
+
+    original = distributed.initialize_global_process_group_ray
+    if getattr(original, _MARKER, False):
+        return False
+    _check(original)
+
+    @functools.wraps(original)
+    def initialize_global_process_group_ray(timeout_second=None, backend=None):
+        if backend is None and get_device_name() == "cpu":
+            backend = "gloo"  # instead of "cpu:gloo,cpu:gloo"
+        return original(timeout_second=timeout_second, backend=backend)
+
+    setattr(initialize_global_process_group_ray, _MARKER, True)
+    distributed.initialize_global_process_group_ray = initialize_global_process_group_ray
+    # Modules imported before the patch hold the original under their own name: rebind those too.
+    # (vars(), not getattr(): lazy modules may import things on attribute access.)
+    for module in list(sys.modules.values()):
+        namespace = getattr(module, "__dict__", None)
+        if isinstance(namespace, dict) and namespace.get("initialize_global_process_group_ray") is original:
+            module.initialize_global_process_group_ray = initialize_global_process_group_ray
+    return True
+
+
+# --- 2. logger backends ----------------------------------------------------------------------------------
+
+#: The replaced class, as ``module:attribute``.
+TRACKING_TARGET = "verl.utils.tracking:Tracking"
+_TRACKING_PARAMETERS = ("self", "project_name", "experiment_name", "default_backend", "config")
+#: What ``RayPPOTrainer.fit`` must still contain for the replacement to be the class it builds.
+_FIT_SOURCE = ("from verl.utils.tracking import Tracking", "default_backend=self.config.trainer.logger")
+
+
+def _check_tracking(tracking_cls: type, fit: Callable[..., Any]) -> None:
+    parameters = tuple(inspect.signature(tracking_cls.__init__).parameters)
+    if parameters != _TRACKING_PARAMETERS:
+        raise VerlChangedError(
+            f"{TRACKING_TARGET}.__init__ now takes {parameters}; the logger patch expects "
+            f"{_TRACKING_PARAMETERS}. Re-check agentevolver/verl_patches.py (patch 2) against the installed verl."
+        )
+    try:
+        source = inspect.getsource(fit)
+    except (OSError, TypeError) as err:
+        raise VerlChangedError(f"cannot read the source of RayPPOTrainer.fit to check it: {err}") from err
+    missing = [line for line in _FIT_SOURCE if line not in source]
+    if missing:
+        raise VerlChangedError(
+            f"RayPPOTrainer.fit no longer contains {missing}: it may not build {TRACKING_TARGET} from "
+            "trainer.logger any more. Re-check agentevolver/verl_patches.py (patch 2)."
+        )
+
+
+def tracking_is_applied() -> bool:
+    """Whether :func:`apply_tracking` has replaced verl's ``Tracking`` in this process."""
+    import verl.utils.tracking as tracking
+
+    return getattr(tracking.Tracking, _MARKER, False)
+
+
+def apply_tracking() -> bool:
+    """Make ``trainer.logger`` accept this project's backends (idempotent); True when installed by this call.
+
+    Raises:
+        VerlChangedError: verl's ``Tracking`` or ``RayPPOTrainer.fit`` differs from what this patch expects.
+    """
+    import verl.utils.tracking as tracking
+    from verl.trainer.ppo.ray_trainer import RayPPOTrainer
+
+    from agentevolver.module.trainer.tracking import RunTracking
+
+    if getattr(tracking.Tracking, _MARKER, False):
+        return False
+    _check_tracking(tracking.Tracking, RayPPOTrainer.fit)
+    setattr(RunTracking, _MARKER, True)
+    tracking.Tracking = RunTracking
+    return True
