@@ -10,7 +10,6 @@ with the weights synced after step 1 (verl's rollout-vs-actor log-prob gap), che
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import re
