@@ -50,7 +50,7 @@ async def run_rollout(args: argparse.Namespace, console: Console) -> tuple[list[
     from agentevolver.module.agent_flow.verl_loop import flow_budgets
     from agentevolver.module.trainer.task_dataset import spread_over, task_rows
 
-    cfg, settings = load_config(args.overrides)
+    cfg, settings = load_config(args.overrides, config_name=args.config_name)
     rollout = cfg.actor_rollout_ref.rollout
     env_type = settings.env_service.env_type
     n = args.n if args.n is not None else int(rollout.n)
@@ -110,6 +110,8 @@ def summary_table(results: list[Any], seconds: float) -> Table:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m agentevolver.rollout", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--config-name", default="agentevolver",
+                        help="config or preset to start from (e.g. quickstart from examples/; default the root)")
     parser.add_argument("--split", default="val", help="environment split to take tasks from (default val)")
     parser.add_argument("--num-tasks", type=int, default=8,
                         help="N task ids spread evenly over the split (default 8)")

@@ -5,22 +5,19 @@ answers ``{success, data}``): ``/healthz``, ``/get_env_profile``, ``/create``, `
 ``/get_info``, ``/release``; plus ``GET /envs`` (what is served) and ``GET /envs/{env_type}/tools`` (tool
 schemas in OpenAI function format). Request models come from ``agentevolver.schema``, the same ones the
 client sends, so the two cannot drift. Every error is JSON ``{success: false, error: {code, message,
-field}}`` with a 4xx/5xx status chosen in one place (:func:`_error_response`); no traceback ever leaves.
+field}}`` with a 4xx/5xx status chosen in one place (``install_error_handlers`` of
+:mod:`agentevolver.service_common`, shared with the memory service); no traceback ever leaves.
 """
 
 from __future__ import annotations
 
 import logging
-import os
-import secrets
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
-from typing import Annotated, Any
+from typing import Any
 
 from fastapi import APIRouter, Depends, FastAPI, Request
-from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
-from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from pydantic import BaseModel, Field
 
 from agentevolver import __version__
@@ -32,6 +29,7 @@ from agentevolver.schema import (
     ProfileRequest,
     StepRequest,
 )
+from agentevolver.service_common import error_response, install_error_handlers, read_auth_token, require_token
 from env_service.base import BaseEnv, Isolation
 from env_service.errors import BadAction, EnvServiceError
 from env_service.instances import InstanceManager, ManagerLimits
@@ -53,30 +51,19 @@ class ServiceSettings(BaseModel):
     threads: int = Field(default=32, ge=1)
 
 
+#: What an error answer carries besides ``error`` (the reference's ``{success, data}``).
+_ERROR_ENVELOPE: dict[str, Any] = {"success": False, "data": None}
+#: How the env service words the validation problems its clients meet most.
+_PHRASES = {
+    "extra_forbidden": "unknown field {field!r}; allowed: env_type, task_id, instance_id, messages, params"}
+
+
 def _error_response(status: int, code: str, message: str, field: str | None = None) -> JSONResponse:
-    return JSONResponse(status_code=status,
-                        content={"success": False, "data": None,
-                                 "error": {"code": code, "message": message, "field": field}})
+    return error_response(_ERROR_ENVELOPE, status, code, message, field)
 
 
 def _ok(data: Any) -> dict[str, Any]:
     return {"success": True, "data": data}
-
-
-def _validation_message(err: RequestValidationError) -> tuple[str, str | None]:
-    """First validation problem as (message, field) with the body-relative dotted field name."""
-    problems = err.errors()
-    if not problems:
-        return "invalid request", None
-    first = problems[0]
-    loc = [str(part) for part in first.get("loc", ()) if part != "body"]
-    field = ".".join(loc) or None
-    if first.get("type") == "json_invalid":
-        return f"request body is not valid JSON: {first.get('ctx', {}).get('error', first.get('msg'))}", "body"
-    if first.get("type") == "extra_forbidden":
-        return f"unknown field {field!r}; allowed: env_type, task_id, instance_id, messages, params", field
-    more = f" (+{len(problems) - 1} more)" if len(problems) > 1 else ""
-    return f"{field or 'body'}: {first.get('msg')}{more}", field
 
 
 def create_app(settings: ServiceSettings, env_classes: dict[str, type[BaseEnv]]) -> FastAPI:
@@ -99,13 +86,12 @@ def create_app(settings: ServiceSettings, env_classes: dict[str, type[BaseEnv]])
             await manager.shutdown()
             logger.info("environment service stopped; released %d live instance(s)", live)
 
-    token = os.environ.get(settings.auth_token_env) if settings.auth_token_env else None
-    if settings.auth_token_env and not token:
-        raise ValueError(f"auth_token_env names {settings.auth_token_env!r} but that environment variable is unset")
     app = FastAPI(title="AgentEvolver environment service", version=__version__, lifespan=lifespan)
     app.state.manager = manager
-    app.state.auth_token = token
-    api = APIRouter(dependencies=[Depends(_require_token)])  # everything but /healthz needs the token
+    app.state.auth_token = read_auth_token(settings.auth_token_env)
+    api = APIRouter(dependencies=[Depends(require_token)])  # everything but /healthz needs the token
+    install_error_handlers(app, _ERROR_ENVELOPE, service_name="environment service", logger=logger,
+                           phrases=_PHRASES)
 
     @app.middleware("http")
     async def limit_body(request: Request, call_next: Callable[[Request], Awaitable[Response]]) -> Response:
@@ -119,27 +105,6 @@ def create_app(settings: ServiceSettings, env_classes: dict[str, type[BaseEnv]])
                 return _error_response(413, "body_too_large",
                                        f"request body exceeds the limit of {settings.max_body_bytes} bytes", "body")
         return await call_next(request)
-
-    @app.exception_handler(EnvServiceError)
-    async def on_env_error(_: Request, err: EnvServiceError) -> JSONResponse:
-        return _error_response(err.status, err.code, err.message, err.field)
-
-    @app.exception_handler(_Unauthorized)
-    async def on_unauthorized(_: Request, __: _Unauthorized) -> JSONResponse:
-        response = _error_response(401, "unauthorized", "missing or wrong bearer token (Authorization header)")
-        response.headers["WWW-Authenticate"] = "Bearer"
-        return response
-
-    @app.exception_handler(RequestValidationError)
-    async def on_invalid(_: Request, err: RequestValidationError) -> JSONResponse:
-        message, field = _validation_message(err)
-        status = 400 if field == "body" else 422
-        return _error_response(status, "invalid_json" if status == 400 else "invalid_request", message, field)
-
-    @app.exception_handler(Exception)
-    async def on_unexpected(_: Request, err: Exception) -> JSONResponse:
-        logger.exception("unexpected error in the environment service")
-        return _error_response(500, "internal_error", f"{type(err).__name__}: {err}")
 
     @app.get("/healthz", response_class=PlainTextResponse)
     async def healthz() -> str:
@@ -201,24 +166,7 @@ def create_app(settings: ServiceSettings, env_classes: dict[str, type[BaseEnv]])
     return app
 
 
-_BEARER = HTTPBearer(auto_error=False)
-
-
-async def _require_token(request: Request,
-                         credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_BEARER)]) -> None:
-    """Auth as a dependency: with a configured token, every route but /healthz needs ``Bearer <token>``."""
-    token = request.app.state.auth_token
-    if token is None:
-        return
-    if credentials is None or not secrets.compare_digest(credentials.credentials.encode(), token.encode()):
-        raise _Unauthorized()
-
-
 def _env_list(env_classes: dict[str, type[BaseEnv]], settings: ServiceSettings) -> list[dict[str, Any]]:
     return [{"env_type": name, "splits": cls.splits(), "has_tools": cls.tool_schemas() is not None,
              "isolation": settings.isolation.get(name, cls.isolation)}
             for name, cls in sorted(env_classes.items())]
-
-
-class _Unauthorized(Exception):
-    """Raised by the auth dependency; mapped to a 401 JSON error."""

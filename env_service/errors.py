@@ -6,21 +6,11 @@ service raises the rest. Every one carries the request field to fix, so the JSON
 
 from __future__ import annotations
 
+from agentevolver.service_errors import ServiceError
 
-class EnvServiceError(Exception):
-    """Base: an error with an HTTP status, a short machine-readable code, and the field to fix (if any)."""
 
-    status: int = 400
-    code: str = "bad_request"
-
-    def __init__(self, message: str, *, field: str | None = None) -> None:
-        super().__init__(message)
-        self.message = message
-        self.field = field
-
-    def __reduce__(self) -> tuple[object, ...]:
-        # Keep ``field`` when the error crosses a process boundary (process and Ray hosts pickle it).
-        return (self.__class__, (self.message,), {"field": self.field})
+class EnvServiceError(ServiceError):
+    """Base of the environment service's errors (status, code and field to fix: see ServiceError)."""
 
 
 class UnknownEnv(EnvServiceError):

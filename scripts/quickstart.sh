@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
-# CPU quickstart: set up the virtualenv (scripts/setup.sh), then run the main job.
-# Until the trainer lands, the main job is the smoke demo of what exists (python -m agentevolver.demo):
-# it validates the config, loads the built-in SmolLM2 offline, renders a tool-use prompt and answers.
+# CPU quickstart: set up the virtualenv (scripts/setup.sh), then the main job: the launcher starts the `calc`
+# environment service, trains SmolLM2-135M-Instruct on it with GRPO (examples/quickstart.yaml), records the
+# run under launcher_record/quickstart/ and stops the service again. Arguments are passed on to the launcher,
+# e.g. `bash scripts/quickstart.sh --with-logview` or `bash scripts/quickstart.sh -- trainer.total_training_steps=2`.
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
 bash scripts/setup.sh
 VENV="${AGENTEVOLVER_VENV:-$ROOT/.venv}"
-exec "$VENV/bin/python" -m agentevolver.demo "$@"
+exec "$VENV/bin/python" launcher.py --conf examples/quickstart.yaml --with-env "$@"

@@ -96,9 +96,16 @@ def test_unknown_task_and_split() -> None:
     with pytest.raises(UnknownTask) as err:
         CalcEnv("train-single-999", "i1", {})
     assert err.value.field == "task_id"
-    with pytest.raises(UnknownSplit) as split_err:
-        CalcEnv.task_ids("dev")
-    assert split_err.value.field == "params.split"
+    for bad in ("dev", "train/", "train/hard", "train/single+single", "dev/single"):
+        with pytest.raises(UnknownSplit) as split_err:
+            CalcEnv.task_ids(bad)
+        assert split_err.value.field == "params.split" and "levels of single" in str(split_err.value)
+
+
+def test_level_filtered_split_keeps_the_splits_order() -> None:
+    easy = CalcEnv.task_ids("val/single+chain")
+    assert easy == [t for t in CalcEnv.task_ids("val") if t.split("-")[1] in {"single", "chain"}]
+    assert len(easy) == 30 and CalcEnv.task_ids("train/chain+single") == CalcEnv.task_ids("train/single+chain")
 
 
 @pytest.mark.parametrize("params", [{"max_steps": 0}, {"max_steps": "6"}, {"demos": 99}, {"demos": True},

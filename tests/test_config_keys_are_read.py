@@ -19,15 +19,8 @@ from agentevolver.paths import REPO_ROOT
 
 #: key-path prefix -> the issue whose module reads those keys (delete the entry when it lands).
 PENDING: dict[str, str] = {
-    "task_manager": "Self-Questioning (issue 7)",
     "exp_manager": "Self-Navigating (issue 8)",
     "memory": "Self-Navigating (issue 8)",
-    "attribution_driven_credit_assignment": "Self-Attributing (issue 9)",
-    "llm.roles.judge": "Self-Attributing (issue 9)",
-    "llm.roles.task_explorer": "Self-Questioning (issue 7)",
-    "llm.roles.task_summarizer": "Self-Questioning (issue 7)",
-    "llm.roles.task_filter": "Self-Questioning (issue 7)",
-    "llm.roles.task_grader": "Self-Questioning (issue 7)",
     "llm.roles.exp_summarizer": "Self-Navigating (issue 8)",
 }
 

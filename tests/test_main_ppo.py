@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pytest
 from env_service_fixture import REPO_ROOT, env_service
+from scripted_openai_server import SCRIPTED_MODEL
 from training_fixture import load_safetensors, training_command, training_env
 
 from agentevolver.models import resolve_model_path
@@ -82,3 +83,21 @@ def test_bad_config_is_reported_before_anything_starts(tmp_path: Path) -> None:
                           env={**os.environ, "PYTHONPATH": str(REPO_ROOT)})
     assert done.returncode == 2 and "Traceback" not in done.stderr
     assert "agent_flow.max_steps" in done.stderr and "agent_flow.context_template" in done.stderr
+
+
+def test_adca_labels_steps_through_the_training_entry(service: str, tmp_path: Path, scripted_llm) -> None:
+    """Self-Attributing on: every training episode is judged once per step (a scripted judge answers GOOD
+    for step 1), the labels reach the dumps and the ADCA metrics reach metrics.jsonl."""
+    scripted_llm.respond_with(lambda body: "Step 1 Judgment: GOOD")
+    done = train(service, tmp_path, "attribution_driven_credit_assignment.enable=true",
+                 f"llm.endpoints.local.base_url={scripted_llm.base_url}",
+                 f"llm.endpoints.local.model={SCRIPTED_MODEL}", "llm.endpoints.local.backoff_initial_s=0",
+                 "trainer.save_freq=-1")
+    assert done.returncode == 0, (done.stdout + done.stderr)[-6000:]
+    assert len(scripted_llm.requests) == 8  # 2 steps x 4 episodes, one request per episode
+    steps = read_metrics(tmp_path / "run" / "metrics.jsonl")
+    for metrics in steps.values():
+        assert metrics["adca/active"] == 1.0 and metrics["adca/labelled_samples"] == 4.0
+    for step in (1, 2):
+        records = list(read_rollout_dump(tmp_path / "run" / "rollouts" / f"step_{step}.jsonl"))
+        assert [r["step_flags"] for r in records] == [[True]] * 4  # lottery episodes have one step

@@ -20,6 +20,7 @@ def training_command(service: str, run_dir: Path, *extra: str) -> list[str]:
         "actor_rollout_ref.model.path=tiny-test",
         "trainer.total_training_steps=2",
         f"env_service.env_url={service}", "env_service.env_type=lottery", "env_service.create_params={}",
+        "env_service.train_split=train", "env_service.val_split=val",
         "data.train_batch_size=2", "actor_rollout_ref.rollout.n=2", "data.max_prompt_length=256",
         "data.max_response_length=64", "actor_rollout_ref.rollout.response_length=64",
         "actor_rollout_ref.actor.ppo_mini_batch_size=2", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2",

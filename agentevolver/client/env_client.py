@@ -13,46 +13,34 @@ Failure policy, chosen per route by what a retry can break:
   ``info["instance_lost"] = True`` when the instance is gone (crashed, hung, reaped), since further steps
   on it cannot succeed;
 * every other failure raises :class:`EnvClientError`, carrying the service's error code and field.
+
+The plumbing (pools, auth header, the retry loop) is :class:`~agentevolver.client.http.ServiceClient`,
+shared with the memory client; this module holds the environment routes and their failure policy.
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
-import os
-import threading
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import httpx
-from tenacity import AsyncRetrying, Retrying, retry_if_exception_type, stop_after_attempt
 
-from agentevolver.client.closing import ClosingContext
-from agentevolver.client.retry import FullJitterBackoff, RetryableFailure
-from agentevolver.errors import AgentEvolverError
+from agentevolver.client.http import NOT_PROCESSED, ServiceClient, ServiceClientError, error_detail
 from agentevolver.schema import ChatMessage, CreateData, StepData
 
 __all__ = ["EnvClient", "EnvClientError", "EnvClientSettings"]
 
 logger = logging.getLogger(__name__)
 
-#: Statuses meaning "the request was not processed; the same request may succeed later".
-_NOT_PROCESSED = frozenset({429, 503})
 #: Statuses meaning "this instance can serve no more calls".
 _INSTANCE_LOST_CODES = frozenset({"unknown_instance", "instance_gone", "instance_failed", "instance_timeout"})
 
 
-class EnvClientError(AgentEvolverError):
+class EnvClientError(ServiceClientError):
     """A request to the environment service failed for good; ``code`` / ``field`` come from the service."""
-
-    def __init__(self, message: str, *, status: int | None = None, code: str | None = None,
-                 field: str | None = None) -> None:
-        super().__init__(message)
-        self.status = status
-        self.code = code
-        self.field = field
 
 
 @dataclass(frozen=True)
@@ -76,86 +64,28 @@ class EnvClientSettings:
                    max_connections=get("max_connections"), auth_token_env=get("auth_token_env"))
 
 
-class _Failure(RetryableFailure):
-    """A retryable failed attempt, remembering the HTTP status / service error for the final message."""
-
-    def __init__(self, reason: str, *, status: int | None = None, code: str | None = None,
-                 field: str | None = None) -> None:
-        super().__init__(reason)
-        self.status, self.code, self.field = status, code, field
-
-
-class EnvClient(ClosingContext):
+class EnvClient(ServiceClient):
     """Talk to one environment service. Thread-safe; usable from any number of event loops."""
 
+    service_name: ClassVar[str] = "environment service"
+    error_type: ClassVar[type[ServiceClientError]] = EnvClientError
+    log: ClassVar[logging.Logger] = logger
+    settings: EnvClientSettings
+
     def __init__(self, settings: EnvClientSettings) -> None:
-        self.settings = settings
-        token = os.environ.get(settings.auth_token_env) if settings.auth_token_env else None
-        self._headers = {"Authorization": f"Bearer {token}"} if token else {}
-        # Idle pooled connections expire well before the server's keep-alive (uvicorn: 30 s as started by
-        # env_service.py, 5 s by default), so a request never races the server closing its connection.
-        self._limits = httpx.Limits(max_connections=settings.max_connections,
-                                    max_keepalive_connections=settings.max_connections, keepalive_expiry=2.0)
-        self._timeout = httpx.Timeout(settings.timeout_s, connect=min(10.0, settings.timeout_s))
-        self._sync: httpx.Client | None = None
-        self._async: dict[asyncio.AbstractEventLoop, httpx.AsyncClient] = {}
-        self._lock = threading.Lock()
-        #: Counts of what happened, for the trainer's metrics.
-        self.stats: dict[str, int] = {"requests": 0, "retries": 0, "step_fallbacks": 0, "instances_lost": 0}
+        super().__init__(settings, settings.env_url, max_connections=settings.max_connections,
+                         max_keepalive_connections=settings.max_connections)
+        self.stats.update(step_fallbacks=0, instances_lost=0)
 
     @classmethod
     def from_config(cls, section: Any) -> EnvClient:
         """A client for the ``env_service`` config section."""
         return cls(EnvClientSettings.from_config(section))
 
-    # ------------------------------------------------------------------ pools
-    def _sync_client(self) -> httpx.Client:
-        with self._lock:
-            if self._sync is None:
-                self._sync = httpx.Client(base_url=self.settings.env_url, headers=self._headers,
-                                          limits=self._limits, timeout=self._timeout)
-            return self._sync
-
-    def _async_client(self) -> httpx.AsyncClient:
-        loop = asyncio.get_running_loop()
-        with self._lock:
-            for dead in [lp for lp in self._async if lp.is_closed()]:
-                del self._async[dead]
-            client = self._async.get(loop)
-            if client is None:
-                client = self._async[loop] = httpx.AsyncClient(
-                    base_url=self.settings.env_url, headers=self._headers, limits=self._limits,
-                    timeout=self._timeout)
-            return client
-
-    def close(self) -> None:
-        """Close the sync pool (async pools close with :meth:`aclose` on their loop)."""
-        with self._lock:
-            client, self._sync = self._sync, None
-        if client is not None:
-            client.close()
-
-    async def aclose(self) -> None:
-        """Close this loop's async pool and the sync pool."""
-        with self._lock:
-            client = self._async.pop(asyncio.get_running_loop(), None)
-        if client is not None:
-            await client.aclose()
-        self.close()
-
     # ------------------------------------------------------------------ request core
-    def _classify(self, route: str, response: httpx.Response | None, error: Exception | None,
-                  idempotent: bool) -> Any:
-        """Return ``data`` of a good response, raise :class:`_Failure` to retry, :class:`EnvClientError` to stop."""
-        where = f"{self.settings.env_url}{route}"
-        if error is not None:
-            retry = isinstance(error, httpx.ConnectError | httpx.ConnectTimeout | httpx.PoolTimeout) or (
-                idempotent and isinstance(error, httpx.TransportError))
-            reason = f"{where}: {type(error).__name__}: {error or 'no detail'}"
-            if retry:
-                raise _Failure(reason) from error
-            raise EnvClientError(reason) from error
-        assert response is not None
+    def _accept(self, where: str, response: httpx.Response, idempotent: bool) -> Any:
+        """``data`` of a good answer; retry 429/503 everywhere, other 5xx on idempotent routes unless the
+        instance is gone (a repeat cannot bring it back)."""
         try:
             body = response.json() if response.headers.get("content-type", "").startswith("application/json") \
                 else None
@@ -163,65 +93,17 @@ class EnvClient(ClosingContext):
             body = None
         if response.status_code == 200 and isinstance(body, dict) and body.get("success") is True:
             return body.get("data")
-        detail = (body or {}).get("error") or {}
-        code, field = detail.get("code"), detail.get("field")
-        message = detail.get("message") or response.text[:300] or f"HTTP {response.status_code}"
+        code, field, message = error_detail(response)
         reason = f"{where}: HTTP {response.status_code} {code or ''}: {message}".replace("  ", " ")
-        if response.status_code in _NOT_PROCESSED or (idempotent and response.status_code >= 500
-                                                       and code not in _INSTANCE_LOST_CODES):
-            raise _Failure(reason, status=response.status_code, code=code, field=field)
-        raise EnvClientError(reason, status=response.status_code, code=code, field=field)
-
-    def _retrying(self, kind: type[Retrying] | type[AsyncRetrying]) -> Any:
-        s = self.settings
-        return kind(stop=stop_after_attempt(s.max_retries + 1), wait=FullJitterBackoff(s.backoff_initial_s,
-                    s.backoff_max_s), retry=retry_if_exception_type(_Failure), reraise=True,
-                    before_sleep=self._count_retry)
-
-    def _count_retry(self, state: Any) -> None:
-        self.stats["retries"] += 1
-        failure = state.outcome.exception() if state.outcome else None
-        logger.warning("environment service request failed (attempt %d), retrying: %s", state.attempt_number,
-                       getattr(failure, "reason", failure))
-
-    @staticmethod
-    def _give_up(failure: _Failure, attempts: int) -> EnvClientError:
-        return EnvClientError(f"{failure.reason} (gave up after {attempts} attempts)", status=failure.status,
-                              code=failure.code, field=failure.field)
+        retry = response.status_code in NOT_PROCESSED or (idempotent and response.status_code >= 500
+                                                          and code not in _INSTANCE_LOST_CODES)
+        raise self._reject(reason, retry, response, code, field)
 
     def _request(self, method: str, route: str, body: dict[str, Any] | None, idempotent: bool) -> Any:
-        client = self._sync_client()
-        attempts = 0
-        try:
-            for attempt in self._retrying(Retrying):
-                with attempt:
-                    attempts += 1
-                    self.stats["requests"] += 1
-                    try:
-                        response, error = client.request(method, route, json=body), None
-                    except httpx.HTTPError as err:
-                        response, error = None, err
-                    return self._classify(route, response, error, idempotent)
-        except _Failure as failure:
-            raise self._give_up(failure, attempts) from failure
-        raise AssertionError("unreachable")
+        return self._send(method, route, idempotent=idempotent, json=body)
 
     async def _arequest(self, method: str, route: str, body: dict[str, Any] | None, idempotent: bool) -> Any:
-        client = self._async_client()
-        attempts = 0
-        try:
-            async for attempt in self._retrying(AsyncRetrying):
-                with attempt:
-                    attempts += 1
-                    self.stats["requests"] += 1
-                    try:
-                        response, error = await client.request(method, route, json=body), None
-                    except httpx.HTTPError as err:
-                        response, error = None, err
-                    return self._classify(route, response, error, idempotent)
-        except _Failure as failure:
-            raise self._give_up(failure, attempts) from failure
-        raise AssertionError("unreachable")
+        return await self._asend(method, route, idempotent=idempotent, json=body)
 
     @staticmethod
     def _envelope(env_type: str = "", task_id: str = "", instance_id: str = "",
@@ -248,13 +130,6 @@ class EnvClient(ClosingContext):
         return dict(action)
 
     # ------------------------------------------------------------------ sync API
-    def healthy(self) -> bool:
-        """True if ``/healthz`` answers 200 now (no retries)."""
-        try:
-            return self._sync_client().get("/healthz", timeout=5.0).status_code == 200
-        except httpx.HTTPError:
-            return False
-
     def list_envs(self) -> list[dict[str, Any]]:
         return self._request("GET", "/envs", None, True)
 

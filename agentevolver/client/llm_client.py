@@ -32,6 +32,7 @@ from openai import AsyncOpenAI, OpenAI
 from tenacity import AsyncRetrying, RetryCallState, Retrying, retry_if_exception_type, stop_after_attempt
 
 from agentevolver.client.closing import ClosingContext
+from agentevolver.client.http import loop_local
 from agentevolver.client.llm_config import LLMConfig, LLMEndpointConfig
 from agentevolver.client.retry import FullJitterBackoff, RetryableFailure, is_retryable_status, retry_after_s
 from agentevolver.errors import LLMError
@@ -258,31 +259,19 @@ class LLMClient(ClosingContext):
     async def _loop_state(self) -> _LoopState:
         """The async client + semaphore of the running loop, created on first use in that loop.
 
-        asyncio primitives and httpx's async pool are bound to the loop they were first used on, so sharing
-        them across ``asyncio.run`` calls fails; one set per loop does not. States of closed loops are
-        dropped here so a long-lived client does not accumulate them.
+        One set per loop because asyncio primitives and httpx's async pool are bound to the loop they were
+        first used on (see :func:`~agentevolver.client.http.loop_local`).
         """
-        loop = asyncio.get_running_loop()
         with self._lock:
-            for dead in [lp for lp in self._loop_states if lp.is_closed()]:
-                del self._loop_states[dead]
-            state = self._loop_states.get(loop)
-            if state is None:
-                client = AsyncOpenAI(**self._sdk_kwargs())
-                guard = _close_on_loop_shutdown(client)
-                state = _LoopState(
-                    loop=loop,
-                    client=client,
-                    slots=asyncio.Semaphore(self._endpoint.max_concurrency),
-                    guard=guard,
-                )
-                self._loop_states[loop] = state
-                fresh = True
-            else:
-                fresh = False
+            state, fresh = loop_local(self._loop_states, self._new_loop_state)
         if fresh:
             await anext(state.guard)  # start it, so the loop tracks it for shutdown_asyncgens()
         return state
+
+    def _new_loop_state(self, loop: asyncio.AbstractEventLoop) -> _LoopState:
+        client = AsyncOpenAI(**self._sdk_kwargs())
+        return _LoopState(loop=loop, client=client, slots=asyncio.Semaphore(self._endpoint.max_concurrency),
+                          guard=_close_on_loop_shutdown(client))
 
     def _request(
         self,

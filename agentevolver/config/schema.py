@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_validator
 
 from agentevolver.client.llm_config import LLMConfig
 from agentevolver.module.agent_flow.config import AgentFlowConfig
@@ -51,6 +51,7 @@ class EnvServiceSection(_Section):
 class MixtureSection(_Section):
     """``task_manager.mixture``: how original and synthetic tasks are mixed for training."""
 
+    strategy: str = Field(min_length=1)
     use_original_tasks: bool
     synthetic_data_ratio: float = Field(ge=0.0)
     shuffle: bool
@@ -58,20 +59,39 @@ class MixtureSection(_Section):
 
 
 class GraderSection(_Section):
-    """``task_manager.grader``: grader registry names for original and synthetic tasks."""
+    """``task_manager.grader``: grader registry names for original and synthetic tasks, and the LLM judge's mode."""
 
     original_grader: str = Field(min_length=1)
     synthetic_grader: str = Field(min_length=1)
+    use_reference_answer: bool
+    scoring: Literal["binary", "graded"]
+
+
+class DedupSection(_Section):
+    """``task_manager.dedup``: how the real-time duplicate filter compares tasks."""
+
+    embedder: str = Field(min_length=1)
+    threshold: float = Field(gt=0.0, le=1.0)
 
 
 class TaskManagerSection(_Section):
-    """``task_manager``: Self-Questioning (explore -> summarise -> filter -> mix)."""
+    """``task_manager``: Self-Questioning (profile -> explore -> summarise -> filter -> mix)."""
 
     n: int = Field(ge=0)
+    plugin_modules: list[str]
     strategy: str = Field(min_length=1)
     max_explore_step: int = Field(ge=1)
     num_explore_threads: int = Field(ge=1)
     env_profile: str | None
+    num_seed_tasks: int = Field(ge=-1)
+    tasks_per_exploration: int = Field(ge=1)
+    parse_retries: int = Field(ge=0)
+    demonstrations: bool
+    max_observation_chars: int = Field(ge=64)
+    realtime_filters: list[str]
+    post_filters: list[str]
+    dedup: DedupSection
+    synthetic_tasks_path: str = Field(min_length=1)
     checkpoint_path: str = Field(min_length=1)
     mixture: MixtureSection
     grader: GraderSection
@@ -83,6 +103,9 @@ class TaskManagerSection(_Section):
                 "mixture.use_original_tasks is false and mixture.synthetic_data_ratio is 0: the training "
                 "mixture would be empty; keep the original tasks or set a synthetic ratio > 0"
             )
+        if self.num_seed_tasks == 0:
+            raise ValueError("num_seed_tasks must be -1 (every training task) or >= 1; got 0 (turn synthesis "
+                             "off with n: 0 instead)")
         return self
 
 
@@ -123,7 +146,7 @@ class MemorySection(_Section):
 
 
 class AdcaGrpoSection(_Section):
-    """``attribution_driven_credit_assignment.adca_grpo``: ADCA-GRPO hyper-parameters."""
+    """``attribution_driven_credit_assignment.adca_grpo``: ADCA-GRPO hyper-parameters (maths: docs/adca.md)."""
 
     prm_scheme: Literal["decouple", "allocation"]
     equal_trajectory_weight: bool
@@ -136,6 +159,8 @@ class AdcaGrpoSection(_Section):
     enable_length_normalization: bool
     prm_steps: int | None = Field(ge=0)
     skip_type: Literal["none", "skip_small_adv", "skip_all_neg"]
+    skip_small_adv_threshold: float = Field(ge=0.0)
+    allocation_inconsistent_weight: float = Field(gt=0.0, le=1.0)
 
     @model_validator(mode="after")
     def _alpha_min_below_alpha(self) -> AdcaGrpoSection:
@@ -144,11 +169,66 @@ class AdcaGrpoSection(_Section):
         return self
 
 
+class AdcaJudgeSection(_Section):
+    """``attribution_driven_credit_assignment.judge``: how the step judge is asked (the endpoint itself,
+    with its timeout, transport retries, backoff and concurrency limit, is ``llm.roles.judge``)."""
+
+    parse_retries: int = Field(ge=0)
+    max_message_chars: int = Field(ge=200)
+
+
 class AdcaSection(_Section):
     """``attribution_driven_credit_assignment``: Self-Attributing on/off and its hyper-parameters."""
 
     enable: bool
+    judge: AdcaJudgeSection
     adca_grpo: AdcaGrpoSection
+
+
+def _scalar_to_text(value: Any) -> Any:
+    """YAML and Hydra turn ``8080`` or ``1.5`` into numbers; a command-line argument or an environment
+    variable is text, so numbers are accepted and written back as text (bools and nulls are not: their
+    text form is ambiguous)."""
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        return str(value)
+    return value
+
+
+#: A command-line argument or environment-variable value (numbers become text).
+ArgText = Annotated[str, BeforeValidator(_scalar_to_text)]
+
+
+class ServiceSection(_Section):
+    """``launcher.services.<name>``: how the launcher starts one companion service and knows it is ready.
+
+    Only ``command``, ``url`` and ``ready_timeout_s`` are required, so a user-added service
+    (``+launcher.services.mine={...}``) stays short; the built-in ones spell every key out in the YAML.
+    """
+
+    command: list[ArgText] = Field(min_length=1)
+    extra_args: list[ArgText] = Field(default_factory=list)
+    url: HttpUrl
+    health_path: str = Field(default="/healthz", pattern=r"^/\S*$")
+    ready_timeout_s: float = Field(gt=0)
+    env: dict[str, ArgText] = Field(default_factory=dict)
+    log_file: str | None = Field(default=None, pattern=r"^[^/\\]+$")
+
+
+class LauncherSection(_Section):
+    """``launcher``: companion services, the run record and the shutdown policy of ``launcher.py``."""
+
+    record_dir: str = Field(min_length=1)
+    poll_interval_s: float = Field(gt=0)
+    probe_timeout_s: float = Field(gt=0)
+    shutdown_grace_s: float = Field(ge=0)
+    services: dict[str, ServiceSection]
+
+    @model_validator(mode="after")
+    def _service_names_are_file_safe(self) -> LauncherSection:
+        bad = [name for name in self.services if not name.replace("_", "").replace("-", "").isalnum()]
+        if bad:
+            raise ValueError(f"services: names may use letters, digits, '_' and '-' only; got {bad}")
+        return self
 
 
 class AgentEvolverSettings(_Section):
@@ -161,6 +241,7 @@ class AgentEvolverSettings(_Section):
     memory: MemorySection
     attribution_driven_credit_assignment: AdcaSection
     llm: LLMConfig
+    launcher: LauncherSection
 
 
 #: The top-level keys of the composed config that belong to this project (everything else is verl's).

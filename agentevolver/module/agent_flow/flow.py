@@ -154,8 +154,9 @@ class AgentFlow:
                     spec.env_type, spec.task_id, params=spec.env_params))
                 instance_id = created.info.instance_id
                 stack.push_async_callback(self._release, instance_id)
+                prompt_tools = (schemas or None) if self.config.tools.schemas_in_prompt else None
                 cm = make_context_manager(self.config.context_template, self.tokenizer, self.context_config,
-                                          tools=schemas or None, llm=self.clipper)
+                                          tools=prompt_tools, llm=self.clipper)
                 cm.start(self._initial_messages(created.state, spec), experience=spec.experience)
                 termination, error = await self._loop(cm, tools, schemas, instance_id, sampling_params,
                                                       request_id, state)

@@ -38,6 +38,11 @@ class ToolsConfig(BaseModel):
     truncate_side: TruncateSide = "middle"
     #: How tool step rewards enter the episode reward: ignore, sum, last.
     tool_reward_mode: ToolRewardMode = "ignore"
+    #: Render the tool schemas into the prompt (the chat template's ``tools`` block). False when the
+    #: environment's own prompt already teaches the call format: on ``calc`` the block is ~320 tokens of each
+    #: prompt, which the update's forward and backward passes pay for in every sample. Parsing and the
+    #: env/local name-clash check still use the schemas.
+    schemas_in_prompt: bool = True
 
     @field_validator("tool_parser")
     @classmethod

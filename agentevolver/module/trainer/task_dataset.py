@@ -1,5 +1,13 @@
 """Tasks as a dataset verl's dataloader can batch: one row per task, the agent loop reads ``task``.
 
+:func:`build_task_datasets` is how a training run gets its two datasets (seed 000, chapter 1: two task
+managers): training rows from the *mixture* task manager (the environment's train split plus synthetic
+tasks from ``task_manager.synthetic_tasks_path``, generated first when ``task_manager.n`` > 0, by
+``task_manager.mixture``), validation rows from the *original-only* one, so evaluation never sees a
+synthetic task. A synthetic row carries its seed task's id (the instance is created from it), its own
+``query`` and, in ``metadata``, its grader name (``evaluator``), reference answer and synthetic id (see
+:mod:`agentevolver.module.task_manager.store`).
+
 verl's ``RLHFDataset`` holds chat prompts; an agent-environment run holds *tasks* whose prompt the
 environment writes at ``/create``. A row here carries the task as a JSON string (so verl's collate keeps
 it as one object), ``agent_name`` (our agent loop), ``data_source`` (the env type: verl groups validation
@@ -11,27 +19,22 @@ verl's sampler shuffles, and its stateful dataloader checkpoints the position.
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
 from torch.utils.data import Dataset
 
-from agentevolver.errors import ConfigError
+from agentevolver.errors import AgentEvolverError, ConfigError
 from agentevolver.module.agent_flow.episode import EpisodeSpec
 from agentevolver.module.agent_flow.verl_loop import AGENT_LOOP_NAME
+from agentevolver.module.task_manager.seeds import spread_over
 
-__all__ = ["TaskDataset", "spread_over", "task_rows", "tasks_from_env_service"]
+__all__ = ["TaskDataset", "build_task_datasets", "spread_over", "synthetic_pool", "task_rows",
+           "tasks_from_env_service"]
 
-
-def spread_over(items: Sequence[Any], limit: int) -> list[Any]:
-    """``limit`` items spread evenly over ``items`` (all of them when ``limit`` < 0 or >= their number).
-
-    Environments list tasks grouped by level or kind, so the first N would be one level only.
-    """
-    if limit < 0 or limit >= len(items):
-        return list(items)
-    return [items[index * len(items) // limit] for index in range(limit)]
+logger = logging.getLogger(__name__)
 
 
 class TaskDataset(Dataset):
@@ -83,3 +86,85 @@ def task_rows(
     """One task row (:class:`EpisodeSpec` fields) per id, each carrying the ``create_params`` of its /create."""
     params = dict(create_params or {})
     return [{"task_id": task_id, "env_type": env_type, "env_params": params} for task_id in task_ids]
+
+
+def synthetic_pool(settings: Any, env_client: Any, llm: Any = None) -> list[Any]:
+    """The synthetic tasks the training mixture draws from (:class:`TaskObjective` list).
+
+    Empty when the mixture takes none (``synthetic_data_ratio`` 0). Otherwise the tasks are generated
+    first when ``task_manager.n`` > 0 (resuming from the checkpoint; a finished generation sends no LLM
+    request) and then read from ``task_manager.synthetic_tasks_path``. Tasks of another environment in the
+    file are an error (the file was written for another run).
+    """
+    from agentevolver.client.llm_client import LLMClients
+    from agentevolver.module.task_manager import TaskManager, read_objectives, seed_tasks
+
+    section = settings.task_manager
+    if section.mixture.synthetic_data_ratio == 0:
+        if section.n > 0:
+            logger.warning("task_manager.n=%d but task_manager.mixture.synthetic_data_ratio is 0: the training "
+                           "mixture takes no synthetic task, so none are generated", section.n)
+        return []
+    if section.n > 0:
+        owned = llm is None
+        llm = llm if llm is not None else LLMClients(settings.llm)
+        try:
+            manager = TaskManager.from_settings(settings, env=env_client, llm=llm)
+            report = manager.generate_task(seed_tasks(env_client, settings))
+        finally:
+            if owned:
+                llm.close()
+        logger.info("task generation: %s; rates %s", dict(report.counts), report.rates())
+        if report.failures:
+            raise AgentEvolverError(
+                f"task generation: {len(report.failures)} exploration(s)/judgement(s) failed (first: "
+                f"{report.failures[0]}); check the LLM endpoints and the environment service, then rerun: "
+                f"finished explorations are kept in {section.checkpoint_path}")
+    pool = read_objectives(section.synthetic_tasks_path)
+    env_type = settings.env_service.env_type
+    foreign = sorted({o.task.env_type for o in pool if o.task.env_type != env_type})
+    if foreign:
+        raise ConfigError(f"task_manager.synthetic_tasks_path ({section.synthetic_tasks_path}) holds tasks of "
+                          f"{foreign}, not of env_service.env_type={env_type!r}; point it at this environment's file")
+    return pool
+
+
+def build_task_datasets(config: Any, *, env_client: Any = None, llm: Any = None) -> tuple[TaskDataset, TaskDataset]:
+    """Train (mixture task manager) and validation (original-only task manager) datasets of a run.
+
+    ``config`` is the composed config (Hydra node); ``data.train_max_samples`` / ``val_max_samples`` cap
+    the original tasks of each split (spread over the split). ``env_client`` / ``llm`` default to clients
+    built from the config (and closed here).
+    """
+    from agentevolver.client.env_client import EnvClient
+    from agentevolver.config import validate_config
+    from agentevolver.module.task_manager import TaskManager, objective_to_row, original_objectives
+
+    settings = validate_config(config)
+    section = settings.env_service
+    grader = settings.task_manager.grader.original_grader
+    train_manager = TaskManager.from_settings(settings, env=env_client, llm=llm)
+    val_manager = TaskManager.from_settings(settings, env=env_client, llm=llm, mixture="original_only")
+    env = env_client if env_client is not None else EnvClient.from_config(section)
+    try:
+        limits = {"train": int(config.data.get("train_max_samples", -1)),
+                  "val": int(config.data.get("val_max_samples", -1))}
+        original = {}
+        for name, split in (("train", section.train_split), ("val", section.val_split)):
+            rows = tasks_from_env_service(env, section.env_type, split, limits[name])
+            original[name] = original_objectives([r["task_id"] for r in rows], section.env_type, grader)
+        synthetic = synthetic_pool(settings, env, llm)
+    finally:
+        if env_client is None:
+            env.close()
+    train = train_manager.mix(original["train"], synthetic)
+    val = val_manager.mix(original["val"], [])
+    if not train:
+        raise ConfigError("the training mixture is empty: task_manager.mixture.use_original_tasks is false and "
+                          f"{settings.task_manager.synthetic_tasks_path} holds no synthetic task; generate tasks or "
+                          "keep the original ones")
+    params = section.create_params
+    logger.info("training tasks: %d (%d synthetic); validation tasks: %d (original only)", len(train),
+                sum(o.source == "synthetic" for o in train), len(val))
+    return (TaskDataset([objective_to_row(o, params) for o in train], name="train"),
+            TaskDataset([objective_to_row(o, params) for o in val], name="validation"))

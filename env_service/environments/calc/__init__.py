@@ -41,14 +41,14 @@ from env_service.environments.calc.prompts import (
     SYSTEM_PROMPT,
     demonstrations,
 )
-from env_service.environments.calc.tasks import SPLITS, CalcTask, get_task, split_task_ids
+from env_service.environments.calc.tasks import SPLITS, CalcTask, get_task, parse_split, split_task_ids
 from env_service.environments.calc.tools import (
     has_text_tool_call,
     parse_text_tool_calls,
     run_tool,
     tool_schemas,
 )
-from env_service.errors import BadAction, EnvServiceError
+from env_service.errors import BadAction, EnvServiceError, UnknownSplit
 from env_service.registry import register_env
 
 logger = logging.getLogger(__name__)
@@ -76,6 +76,14 @@ class CalcEnv(BaseEnv):
     @classmethod
     def splits(cls) -> list[str]:
         return list(SPLITS)
+
+    @classmethod
+    def check_split(cls, split: str) -> None:
+        """Accept ``<split>`` and the level-filtered ``<split>/<level>[+<level>...]`` (e.g. ``train/single+chain``)."""
+        try:
+            parse_split(split)
+        except ValueError as err:
+            raise UnknownSplit(str(err), field="params.split") from err
 
     @classmethod
     def task_ids(cls, split: str) -> list[str]:

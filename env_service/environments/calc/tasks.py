@@ -244,9 +244,27 @@ def _all_tasks() -> dict[str, CalcTask]:
             for task in _generate(level, split, sizes[level])}
 
 
+def parse_split(split: str) -> tuple[str, tuple[str, ...]]:
+    """``"train"`` -> (train, all levels); ``"train/single+chain"`` -> (train, (single, chain)).
+
+    A level filter lets a run train and validate on the levels a model can learn from first (the CPU
+    quickstart uses ``single+chain``) without a second task set. Raises :class:`ValueError` with the valid
+    splits and levels.
+    """
+    base, slash, levels_part = split.partition("/")
+    levels = tuple(levels_part.split("+")) if slash else LEVELS
+    unknown = [level for level in levels if level not in LEVELS]
+    if base not in SPLITS or unknown or len(set(levels)) != len(levels):
+        raise ValueError(f"calc split {split!r}: use <split> or <split>/<level>[+<level>...] with a split of "
+                         f"{', '.join(SPLITS)} and levels of {', '.join(LEVELS)} (each once)")
+    return base, levels
+
+
 def split_task_ids(split: str) -> list[str]:
-    """Task ids of ``split`` in a fixed order (level by level, then index); the split must exist."""
-    return [task_id for task_id, task in _all_tasks().items() if task.split == split]
+    """Task ids of ``split`` (optionally level-filtered, :func:`parse_split`) in a fixed order: level by
+    level, then index."""
+    base, levels = parse_split(split)
+    return [task_id for task_id, task in _all_tasks().items() if task.split == base and task.level in levels]
 
 
 def get_task(task_id: str) -> CalcTask:

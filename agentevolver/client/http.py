@@ -1,0 +1,248 @@
+"""HTTP plumbing shared by the clients of the framework's own JSON services (environment, memory).
+
+Both clients need the same machinery: a bearer token read from a named environment variable, one sync
+connection pool plus one async pool per event loop, full-jitter retries (tenacity with
+:class:`~agentevolver.client.retry.FullJitterBackoff`) of the attempts a per-route policy calls safe, and
+errors that carry the service's ``{code, message, field}``. It lives here once so the two clients cannot
+drift apart on it. What differs per service -- what a good answer looks like, which statuses a repeat may
+not break -- is each client's :meth:`ServiceClient._accept`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import threading
+from collections.abc import Callable
+from typing import Any, ClassVar, NoReturn, Protocol, TypeVar
+
+import httpx
+from tenacity import AsyncRetrying, RetryCallState, Retrying, retry_if_exception_type, stop_after_attempt
+
+from agentevolver.client.closing import ClosingContext
+from agentevolver.client.retry import FullJitterBackoff, RetryableFailure
+from agentevolver.errors import AgentEvolverError
+
+__all__ = [
+    "NOT_PROCESSED",
+    "ClientSettings",
+    "ServiceClient",
+    "ServiceClientError",
+    "ServiceFailure",
+    "error_detail",
+    "loop_local",
+]
+
+#: Statuses meaning "the request was not processed; the same request may succeed later".
+NOT_PROCESSED = frozenset({429, 503})
+
+_T = TypeVar("_T")
+
+
+class ServiceClientError(AgentEvolverError):
+    """A request to a service failed for good; ``status`` / ``code`` / ``field`` come from the service."""
+
+    def __init__(self, message: str, *, status: int | None = None, code: str | None = None,
+                 field: str | None = None) -> None:
+        super().__init__(message)
+        self.status, self.code, self.field = status, code, field
+
+
+class ServiceFailure(RetryableFailure):
+    """A retryable failed attempt, remembering the HTTP status / service error for the final message."""
+
+    def __init__(self, reason: str, *, status: int | None = None, code: str | None = None,
+                 field: str | None = None) -> None:
+        super().__init__(reason)
+        self.status, self.code, self.field = status, code, field
+
+
+class ClientSettings(Protocol):
+    """What :class:`ServiceClient` reads from a client's settings (both settings dataclasses have it)."""
+
+    @property
+    def timeout_s(self) -> float: ...
+
+    @property
+    def max_retries(self) -> int: ...
+
+    @property
+    def backoff_initial_s(self) -> float: ...
+
+    @property
+    def backoff_max_s(self) -> float: ...
+
+    @property
+    def auth_token_env(self) -> str | None: ...
+
+
+def loop_local(entries: dict[asyncio.AbstractEventLoop, _T],
+               make: Callable[[asyncio.AbstractEventLoop], _T]) -> tuple[_T, bool]:
+    """The running loop's entry of ``entries`` (made on first use, then ``True``); closed loops' are dropped.
+
+    asyncio primitives and httpx's async pools are bound to the loop that first used them, so sharing one
+    across ``asyncio.run`` calls fails; one per loop does not, and dropping the entries of closed loops keeps
+    a long-lived client from accumulating them. The caller holds its lock around this.
+    """
+    loop = asyncio.get_running_loop()
+    for dead in [lp for lp in entries if lp.is_closed()]:
+        del entries[dead]
+    entry = entries.get(loop)
+    if entry is not None:
+        return entry, False
+    entry = entries[loop] = make(loop)
+    return entry, True
+
+
+def error_detail(response: httpx.Response) -> tuple[str | None, str | None, str]:
+    """``(code, field, message)`` of a failed answer: the service's ``error`` object when the body has one,
+    else the start of the body text, else the bare status."""
+    try:
+        body = response.json()
+    except ValueError:
+        body = None
+    detail = body.get("error") if isinstance(body, dict) else None
+    detail = detail if isinstance(detail, dict) else {}
+    message = detail.get("message") or response.text[:300] or f"HTTP {response.status_code}"
+    return detail.get("code"), detail.get("field"), message
+
+
+class ServiceClient(ClosingContext):
+    """Base of a client of one JSON service. Thread-safe; usable from any number of event loops.
+
+    Subclasses set :attr:`service_name`, :attr:`error_type` and :attr:`log`, implement :meth:`_accept`, and
+    call :meth:`_send` / :meth:`_asend`. ``stats`` counts requests (attempts) and retries for the trainer.
+    """
+
+    #: How log lines name the service ("environment service").
+    service_name: ClassVar[str]
+    #: What a request that failed for good raises (the client's public error class).
+    error_type: ClassVar[type[ServiceClientError]]
+    #: The client module's logger, so retries are logged under the client's name.
+    log: ClassVar[logging.Logger]
+    #: Appended to the message of a transport failure that is not retried.
+    not_retried_note: ClassVar[str] = ""
+
+    settings: ClientSettings
+
+    def __init__(self, settings: ClientSettings, base_url: str, *, max_connections: int,
+                 max_keepalive_connections: int) -> None:
+        self.settings = settings
+        self._base = base_url
+        token = os.environ.get(settings.auth_token_env) if settings.auth_token_env else None
+        self._headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self._timeout = httpx.Timeout(settings.timeout_s, connect=min(10.0, settings.timeout_s))
+        # Idle pooled connections expire well before the server's keep-alive (uvicorn: 30 s as the services
+        # start it, 5 s by default), so a request never races the server closing its side.
+        self._limits = httpx.Limits(max_connections=max_connections,
+                                    max_keepalive_connections=max_keepalive_connections, keepalive_expiry=2.0)
+        self._lock = threading.Lock()
+        self._sync: httpx.Client | None = None
+        self._async: dict[asyncio.AbstractEventLoop, httpx.AsyncClient] = {}
+        #: Counts of what happened, for the trainer's metrics.
+        self.stats: dict[str, int] = {"requests": 0, "retries": 0}
+
+    # ------------------------------------------------------------------ pools
+    def _pool_options(self) -> dict[str, Any]:
+        return {"base_url": self._base, "headers": self._headers, "timeout": self._timeout,
+                "limits": self._limits}
+
+    def _sync_client(self) -> httpx.Client:
+        with self._lock:
+            if self._sync is None:
+                self._sync = httpx.Client(**self._pool_options())
+            return self._sync
+
+    def _async_client(self) -> httpx.AsyncClient:
+        with self._lock:
+            client, _ = loop_local(self._async, lambda _loop: httpx.AsyncClient(**self._pool_options()))
+            return client
+
+    def close(self) -> None:
+        """Close the sync pool (async pools close with :meth:`aclose` on their loop)."""
+        with self._lock:
+            client, self._sync = self._sync, None
+        if client is not None:
+            client.close()
+
+    async def aclose(self) -> None:
+        """Close this loop's async pool and the sync pool."""
+        with self._lock:
+            client = self._async.pop(asyncio.get_running_loop(), None)
+        if client is not None:
+            await client.aclose()
+        self.close()
+
+    def healthy(self) -> bool:
+        """True if ``/healthz`` answers 200 now (no retries)."""
+        try:
+            return self._sync_client().get("/healthz", timeout=5.0).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    # ------------------------------------------------------------------ request core
+    def _accept(self, where: str, response: httpx.Response, idempotent: bool) -> Any:
+        """What a request returns for ``response``; raises :meth:`_reject`'s error for a failed answer."""
+        raise NotImplementedError
+
+    def _reject(self, reason: str, retry: bool, response: httpx.Response, code: str | None,
+                field: str | None) -> Exception:
+        """The error for a failed answer: :class:`ServiceFailure` to try again, else :attr:`error_type`."""
+        kind = ServiceFailure if retry else self.error_type
+        return kind(reason, status=response.status_code, code=code, field=field)
+
+    def _transport_failure(self, where: str, error: httpx.HTTPError, idempotent: bool) -> Exception:
+        """No answer: a failed connect never reached the service, so it is retried on every route; a timeout
+        or a dropped connection may have been processed, so only idempotent routes retry it."""
+        retry = isinstance(error, httpx.ConnectError | httpx.ConnectTimeout | httpx.PoolTimeout) or (
+            idempotent and isinstance(error, httpx.TransportError))
+        reason = f"{where}: {type(error).__name__}: {error or 'no detail'}"
+        return ServiceFailure(reason) if retry else self.error_type(f"{reason}{self.not_retried_note}")
+
+    def _retrying(self, kind: type[Retrying] | type[AsyncRetrying]) -> Any:
+        s = self.settings
+        return kind(stop=stop_after_attempt(s.max_retries + 1), wait=FullJitterBackoff(s.backoff_initial_s,
+                    s.backoff_max_s), retry=retry_if_exception_type(ServiceFailure),
+                    before_sleep=self._count_retry, retry_error_callback=self._give_up)
+
+    def _count_retry(self, state: RetryCallState) -> None:
+        self.stats["retries"] += 1
+        failure = state.outcome.exception() if state.outcome else None
+        self.log.warning("%s request failed (attempt %d), retrying: %s", self.service_name,
+                         state.attempt_number, getattr(failure, "reason", failure))
+
+    def _give_up(self, state: RetryCallState) -> NoReturn:
+        """Retries ran out: tenacity calls this when the last attempt failed with a ServiceFailure."""
+        failure = state.outcome.exception() if state.outcome else None
+        assert isinstance(failure, ServiceFailure)
+        raise self.error_type(f"{failure.reason} (gave up after {state.attempt_number} attempts)",
+                              status=failure.status, code=failure.code, field=failure.field) from failure
+
+    def _send(self, method: str, route: str, *, idempotent: bool, **kwargs: Any) -> Any:
+        """One request under the retry policy (``kwargs`` go to httpx): what :meth:`_accept` returns."""
+        client, where = self._sync_client(), f"{self._base}{route}"
+
+        def attempt() -> Any:
+            self.stats["requests"] += 1
+            try:
+                response = client.request(method, route, **kwargs)
+            except httpx.HTTPError as err:
+                raise self._transport_failure(where, err, idempotent) from err
+            return self._accept(where, response, idempotent)
+
+        return self._retrying(Retrying)(attempt)
+
+    async def _asend(self, method: str, route: str, *, idempotent: bool, **kwargs: Any) -> Any:
+        """Async :meth:`_send`."""
+        client, where = self._async_client(), f"{self._base}{route}"
+
+        async def attempt() -> Any:
+            self.stats["requests"] += 1
+            try:
+                response = await client.request(method, route, **kwargs)
+            except httpx.HTTPError as err:
+                raise self._transport_failure(where, err, idempotent) from err
+            return self._accept(where, response, idempotent)
+
+        return await self._retrying(AsyncRetrying)(attempt)

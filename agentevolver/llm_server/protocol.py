@@ -1,0 +1,399 @@
+"""Request models of the OpenAI-compatible routes, and the one error type every route answers with.
+
+Requests are our own pydantic models (the ``openai`` SDK ships request *TypedDicts*, whose validation
+errors would name union branches rather than the field); responses are the SDK's own pydantic models
+(``openai.types``), so what this server sends is exactly what the official client parses.
+
+Policy for fields, chosen so that a request never means something other than what the caller wrote:
+
+* unknown top-level fields are rejected (400 naming the field, with a close match if there is one), as
+  the OpenAI API does, so a typo such as ``max_token`` is reported rather than ignored;
+* OpenAI fields whose effect this server cannot produce (``top_logprobs > 0``, penalties, ``logit_bias``,
+  JSON ``response_format``, forced ``tool_choice``) are accepted only at their neutral value, else 400;
+* fields with no effect on the output (``user``, ``metadata``, ``store``, ``service_tier``,
+  ``parallel_tool_calls``, ``stream_options`` of a non-streamed request) are accepted and ignored;
+* vLLM's extra sampling fields that the CPU generator implements (``top_k``, ``repetition_penalty``,
+  ``stop_token_ids``, ``ignore_eos``, ``chat_template_kwargs``) are accepted, so a role can move between
+  vLLM and this server without changing its requests.
+
+Message objects themselves ignore unknown keys, as vLLM does: callers forward stored conversations whose
+messages carry bookkeeping fields.
+"""
+
+from __future__ import annotations
+
+import difflib
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+__all__ = [
+    "ChatCompletionRequest",
+    "ChatMessageIn",
+    "CompletionRequest",
+    "ServerError",
+    "validation_error_to_server_error",
+]
+
+#: OpenAI's ``error.type`` for a request the server refuses as written.
+INVALID_REQUEST = "invalid_request_error"
+
+
+class ServerError(Exception):
+    """An error answered as OpenAI's ``{"error": {message, type, param, code}}`` with ``status``.
+
+    ``param`` names the request field at fault (dotted for nested ones), so a client can show the user
+    which field to change; the message says how.
+    """
+
+    def __init__(
+        self, status: int, message: str, *, param: str | None = None, type_: str = INVALID_REQUEST,
+        code: str | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.param = param
+        self.type = type_
+        self.code = code
+
+    def body(self) -> dict[str, Any]:
+        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+
+
+# -- messages ------------------------------------------------------------------------------------------------
+
+
+class TextPart(BaseModel):
+    """One part of a multi-part message content; only text exists for a text-only model."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    type: Literal["text"] = Field(
+        description="Only 'text' parts are accepted: the served model reads text only."
+    )
+    text: str
+
+
+class FunctionCallIn(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    name: str = Field(min_length=1)
+    arguments: str | dict[str, Any] = "{}"
+
+
+class ToolCallIn(BaseModel):
+    """An earlier assistant tool call, replayed in the conversation (rendered by the chat template)."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    id: str | None = None
+    type: Literal["function"] = "function"
+    function: FunctionCallIn
+
+
+class ChatMessageIn(BaseModel):
+    """One conversation message: system/developer, user, assistant (text and/or tool calls) or tool."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: str | list[TextPart] | None = None
+    name: str | None = None
+    tool_calls: list[ToolCallIn] | None = None
+    tool_call_id: str | None = None
+
+    @field_validator("content", mode="before")
+    @classmethod
+    def _text_parts_only(cls, value: Any) -> Any:
+        """One clear error for an image/audio part, instead of one per branch of the content union."""
+        if isinstance(value, list):
+            for index, part in enumerate(value):
+                kind = part.get("type") if isinstance(part, dict) else type(part).__name__
+                if kind != "text":
+                    raise ValueError(
+                        f"part {index} has type {kind!r}: only {{'type': 'text', 'text': ...}} parts are accepted "
+                        "(the served model reads text only)"
+                    )
+        elif value is not None and not isinstance(value, str):
+            raise ValueError(f"must be a string or a list of text parts; got {type(value).__name__}")
+        return value
+
+    @model_validator(mode="after")
+    def _content_needed(self) -> ChatMessageIn:
+        if self.content is None and not (self.role == "assistant" and self.tool_calls):
+            raise ValueError(f"a {self.role!r} message needs 'content' (only assistant tool-call turns may omit it)")
+        return self
+
+    def text(self) -> str:
+        if self.content is None:
+            return ""
+        if isinstance(self.content, str):
+            return self.content
+        return "".join(part.text for part in self.content)
+
+    def for_template(self) -> dict[str, Any]:
+        """The message as the chat template reads it (``developer`` is rendered as ``system``)."""
+        message: dict[str, Any] = {"role": "system" if self.role == "developer" else self.role,
+                                   "content": self.text()}
+        if self.name is not None:
+            message["name"] = self.name
+        if self.tool_calls:
+            message["tool_calls"] = [call.model_dump() for call in self.tool_calls]
+        if self.tool_call_id is not None:
+            message["tool_call_id"] = self.tool_call_id
+        return message
+
+
+class FunctionSchema(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    name: str = Field(min_length=1)
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+
+
+class ToolIn(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    type: Literal["function"] = "function"
+    function: FunctionSchema
+
+
+class NamedToolChoice(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    type: Literal["function"] = "function"
+    function: dict[str, Any]
+
+
+class StreamOptions(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    include_usage: bool = False
+
+
+class ResponseFormat(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    type: str
+
+
+# -- requests ------------------------------------------------------------------------------------------------
+
+
+class _SamplingFields(BaseModel):
+    """Fields shared by chat and text completions (OpenAI names, plus vLLM's extra sampling fields)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    model: str = Field(min_length=1)
+    temperature: float | None = Field(default=None, ge=0, description="0 = greedy; default 1.0")
+    top_p: float | None = Field(default=None, gt=0, le=1)
+    top_k: int | None = Field(default=None, ge=-1, description="vLLM extra; -1 or 0 = off")
+    repetition_penalty: float | None = Field(default=None, gt=0, description="vLLM extra; 1 = off")
+    max_tokens: int | None = Field(default=None, ge=1)
+    n: int = Field(default=1, ge=1, le=128)
+    stop: str | list[str] | None = None
+    stop_token_ids: list[int] | None = Field(default=None, description="vLLM extra")
+    ignore_eos: bool = Field(default=False, description="vLLM extra")
+    seed: int | None = None
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    frequency_penalty: float | None = None
+    presence_penalty: float | None = None
+    logit_bias: dict[str, float] | None = None
+    user: str | None = None  # accepted and ignored: no effect on the output
+
+    @field_validator("stop")
+    @classmethod
+    def _stop_strings(cls, value: str | list[str] | None) -> str | list[str] | None:
+        for item in [value] if isinstance(value, str) else value or []:
+            if not item:
+                raise ValueError("stop strings must be non-empty")
+        return value
+
+    @model_validator(mode="after")
+    def _neutral_only(self) -> _SamplingFields:
+        for name in ("frequency_penalty", "presence_penalty"):
+            if getattr(self, name) not in (None, 0):
+                raise _FieldError(
+                    name, f"{name} is not supported by this server (only 0); use repetition_penalty (> 0, 1 = off)"
+                )
+        if self.logit_bias:
+            raise _FieldError("logit_bias", "logit_bias is not supported by this server; leave it out")
+        return self
+
+    def stop_strings(self) -> list[str]:
+        if self.stop is None:
+            return []
+        return [self.stop] if isinstance(self.stop, str) else list(self.stop)
+
+
+class ChatCompletionRequest(_SamplingFields):
+    """``POST /v1/chat/completions``."""
+
+    messages: list[ChatMessageIn] = Field(min_length=1)
+    max_completion_tokens: int | None = Field(default=None, ge=1)
+    logprobs: bool = False
+    top_logprobs: int | None = Field(default=None, ge=0, le=20)
+    tools: list[ToolIn] | None = None
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
+    parallel_tool_calls: bool | None = None  # accepted; every parsed call is returned
+    response_format: ResponseFormat | None = None
+    chat_template_kwargs: dict[str, Any] | None = Field(default=None, description="vLLM extra")
+    metadata: dict[str, Any] | None = None  # accepted and ignored
+    store: bool | None = None  # accepted and ignored
+    service_tier: str | None = None  # accepted and ignored
+
+    @model_validator(mode="after")
+    def _chat_checks(self) -> ChatCompletionRequest:
+        if (
+            self.max_tokens is not None
+            and self.max_completion_tokens is not None
+            and self.max_tokens != self.max_completion_tokens
+        ):
+            raise _FieldError(
+                "max_completion_tokens",
+                f"max_tokens ({self.max_tokens}) and max_completion_tokens ({self.max_completion_tokens}) "
+                "disagree; send one of them",
+            )
+        if self.top_logprobs:
+            raise _FieldError(
+                "top_logprobs",
+                "top_logprobs > 0 is not supported: this server returns the log-prob of each chosen token only "
+                "(send logprobs: true with top_logprobs 0 or absent)",
+            )
+        if self.top_logprobs is not None and not self.logprobs:
+            raise _FieldError("top_logprobs", "top_logprobs needs logprobs: true")
+        if isinstance(self.tool_choice, NamedToolChoice) or self.tool_choice == "required":
+            raise _FieldError(
+                "tool_choice",
+                "tool_choice 'required' or a named function is not supported (no constrained decoding); "
+                "use 'auto' or 'none'",
+            )
+        if self.response_format is not None and self.response_format.type != "text":
+            raise _FieldError(
+                "response_format",
+                f"response_format type {self.response_format.type!r} is not supported (no constrained "
+                "decoding); ask for JSON in the prompt and parse the reply",
+            )
+        return self
+
+    @property
+    def completion_limit(self) -> int | None:
+        return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
+
+    @property
+    def limit_field(self) -> str:
+        return "max_completion_tokens" if self.max_completion_tokens is not None else "max_tokens"
+
+    @property
+    def parse_tools(self) -> bool:
+        return bool(self.tools) and self.tool_choice != "none"
+
+
+class CompletionRequest(_SamplingFields):
+    """``POST /v1/completions``: raw prompts, no chat template."""
+
+    prompt: str | list[str] | list[int] | list[list[int]]
+    logprobs: int | None = Field(default=None, ge=0, le=5)
+    echo: bool = False
+    suffix: str | None = None
+    best_of: int | None = Field(default=None, ge=1)
+
+    @model_validator(mode="after")
+    def _completion_checks(self) -> CompletionRequest:
+        if isinstance(self.prompt, list) and not self.prompt:
+            raise _FieldError("prompt", "prompt is an empty list; send a string, a list of strings or token ids")
+        if any(isinstance(p, list) and not p for p in self.prompt if isinstance(self.prompt, list)):
+            raise _FieldError("prompt", "prompt holds an empty token list")
+        if self.logprobs:
+            raise _FieldError(
+                "logprobs",
+                "logprobs > 0 (top alternatives) is not supported: send logprobs: 0 for the chosen tokens' log-probs",
+            )
+        if self.echo:
+            raise _FieldError("echo", "echo is not supported; leave it out or false")
+        if self.suffix:
+            raise _FieldError("suffix", "suffix (insertion) is not supported; leave it out")
+        if self.best_of is not None and self.best_of != self.n:
+            raise _FieldError("best_of", f"best_of must equal n ({self.n}) or be left out")
+        if self.stream:
+            raise _FieldError("stream", "stream is not supported on /v1/completions; use /v1/chat/completions "
+                                        "or leave stream false")
+        return self
+
+    def prompts(self) -> list[str | list[int]]:
+        """The prompt(s) as a list: each a text or a list of token ids."""
+        prompt = self.prompt
+        if isinstance(prompt, str):
+            return [prompt]
+        if all(isinstance(p, int) for p in prompt):
+            return [list(prompt)]  # type: ignore[arg-type]
+        return list(prompt)  # type: ignore[arg-type]
+
+
+# -- validation errors -> ServerError --------------------------------------------------------------------------
+
+
+class _FieldError(ValueError):
+    """Raised in a model validator to name the field at fault (pydantic reports model errors at the root)."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(message)
+        self.field = field
+        self.message = message
+
+
+def validation_error_to_server_error(
+    errors: list[dict[str, Any]], model: type[BaseModel] | None = None
+) -> ServerError:
+    """Turn pydantic / FastAPI error dicts into a 400 naming the first field at fault.
+
+    ``errors`` come from ``ValidationError.errors()`` or ``RequestValidationError.errors()`` (whose
+    locations start with ``"body"``). All problems are listed in the message; ``param`` is the first.
+    """
+    messages: list[str] = []
+    first: str | None = None
+    for error in errors:
+        loc = [str(part) for part in error.get("loc", ()) if part != "body" and not _is_type_tag(part)]
+        kind = error.get("type", "")
+        ctx = error.get("ctx") or {}
+        cause = ctx.get("error")
+        if isinstance(cause, _FieldError):
+            field, text = cause.field, cause.message
+        elif kind == "json_invalid":
+            field, text = "body", f"the body is not valid JSON ({ctx.get('error', error.get('msg'))})"
+        elif kind == "extra_forbidden":
+            field = ".".join(loc)
+            text = f"unknown field {field!r}{_close_match(loc[-1] if loc else '', model)}"
+        elif not loc and kind in ("missing", "model_attributes_type", "dict_type", "model_type"):
+            field, text = "body", "the body must be a JSON object (sent with Content-Type: application/json)"
+        else:
+            field = ".".join(loc) or "body"
+            got = error.get("input")
+            shown = "" if kind == "missing" or isinstance(got, dict | list) else f" (got {got!r})"
+            text = f"{field}: {_plain(error.get('msg', 'invalid'))}{shown}"
+        first = first or field
+        if text not in messages:
+            messages.append(text)
+    return ServerError(400, "; ".join(messages) or "invalid request", param=first)
+
+
+def _is_type_tag(part: Any) -> bool:
+    """pydantic puts union branch names (``str``, ``list[TextPart]``, ``ToolIn``) into error locations."""
+    if not isinstance(part, str):
+        return False
+    return "[" in part or part in ("str", "int", "float", "bool", "list", "dict") or part[:1].isupper()
+
+
+def _plain(message: str) -> str:
+    return message.removeprefix("Value error, ")
+
+
+def _close_match(name: str, model: type[BaseModel] | None) -> str:
+    if model is None:
+        return ""
+    close = difflib.get_close_matches(name, list(model.model_fields), n=1, cutoff=0.6)
+    return f"; did you mean {close[0]!r}?" if close else f"; accepted fields: {', '.join(sorted(model.model_fields))}"

@@ -1,0 +1,174 @@
+"""The trainer's advantage stage for Self-Attributing: label steps, then overwrite GRPO's advantages.
+
+The trainer calls :meth:`AdcaStage.apply` once per training step, after the rewards and verl's GRPO
+advantages and before the actor update (``AgentEvolverTrainer._update_actor``). When
+``attribution_driven_credit_assignment.enable`` is true and the step is within ``adca_grpo.prm_steps``, it
+
+1. builds one judge input per sample (step count from the step ids, outcome = summed
+   ``token_level_rewards``, GRPO advantage, the transcript from ``episode_record``),
+2. asks the judge (:func:`~.judge.evaluate_step_flags`),
+3. computes ADCA-GRPO advantages (:func:`~.adca_grpo.compute_prm_grpo_advantages`) with this step's alpha,
+4. writes them over ``batch.batch["advantages"]`` (and ``returns``, which GRPO sets equal to them), puts each
+   sample's labels in ``batch.non_tensor_batch["step_flags"]`` (a list of bools, True = GOOD; None where the
+   sample kept its GRPO advantage) and returns ``adca/*`` metrics.
+
+Otherwise it changes nothing and calls no judge.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import logging
+import time
+from collections.abc import Coroutine
+from typing import Any, TypeVar
+
+import numpy as np
+import torch
+from omegaconf import DictConfig
+
+from agentevolver.client.llm_client import LLMClient, client_for_role
+from agentevolver.config import validate_config
+from agentevolver.errors import ConfigError
+from agentevolver.module.adv_processor.adca_grpo import (
+    AdcaHyper,
+    compute_prm_grpo_advantages,
+    cosine_alpha,
+    num_steps,
+    outcome_scores,
+    step_ids_tensor,
+)
+from agentevolver.module.adv_processor.judge import JudgeInput, StepFlagsResult, evaluate_step_flags
+from agentevolver.module.adv_processor.judge_prompt import outcome_success, transcript_from_record
+
+__all__ = ["JUDGE_ROLE", "AdcaStage", "judge_inputs"]
+
+logger = logging.getLogger(__name__)
+
+#: The LLM role (``llm.roles.<role>``) that labels steps.
+JUDGE_ROLE = "judge"
+#: verl advantage estimators whose advantages are plain GRPO (the fallback and the outcome part).
+_GRPO_ESTIMATORS = {"grpo", "grpo_vectorized"}
+
+T = TypeVar("T")
+
+
+class AdcaStage:
+    """See the module docstring. ``total_training_steps`` is the length of the alpha decay when
+    ``adca_grpo.total_steps`` is null. ``judge_client`` replaces the client built from ``llm.roles.judge``
+    (tests, or a trainer that shares clients between roles)."""
+
+    def __init__(self, config: DictConfig, total_training_steps: int, *, judge_client: LLMClient | None = None):
+        settings = validate_config(config)
+        section = settings.attribution_driven_credit_assignment
+        self.enabled = section.enable
+        self.judge_settings = section.judge
+        self.grpo = section.adca_grpo
+        self.decay_steps = self.grpo.total_steps or max(int(total_training_steps), 1)
+        algorithm = config.get("algorithm") or {}
+        self.norm_adv_by_std = bool(algorithm.get("norm_adv_by_std_in_grpo", True))
+        if self.enabled:
+            estimator = str(algorithm.get("adv_estimator", "grpo"))
+            if estimator not in _GRPO_ESTIMATORS:
+                raise ConfigError(
+                    f"attribution_driven_credit_assignment.enable=true needs algorithm.adv_estimator=grpo (its "
+                    f"advantages are ADCA's outcome part and fallback); got {estimator!r}: set "
+                    "algorithm.adv_estimator=grpo or disable ADCA")
+        self._client = judge_client
+        self._owns_client = judge_client is None
+        self._llm = settings.llm
+
+    # ------------------------------------------------------------------ schedule
+    def active(self, step: int) -> bool:
+        """Whether step ``step`` (verl's 1-based ``global_steps``) labels steps: enabled and within prm_steps."""
+        return self.enabled and (self.grpo.prm_steps is None or step <= self.grpo.prm_steps)
+
+    def alpha(self, step: int) -> float:
+        """This step's alpha: ``adca_grpo.alpha``, or its cosine decay to ``alpha_min``."""
+        if not self.grpo.alpha_cosine_decay_enable:
+            return self.grpo.alpha
+        return cosine_alpha(self.grpo.alpha, self.grpo.alpha_min, step, self.decay_steps)
+
+    def hyper(self, step: int) -> AdcaHyper:
+        grpo = self.grpo
+        return AdcaHyper(
+            prm_scheme=grpo.prm_scheme,
+            equal_trajectory_weight=grpo.equal_trajectory_weight,
+            fix_base=grpo.fix_base,
+            alpha=self.alpha(step),
+            orm_distribution=grpo.orm_distribution,
+            enable_length_normalization=grpo.enable_length_normalization,
+            allocation_inconsistent_weight=grpo.allocation_inconsistent_weight,
+            norm_adv_by_std=self.norm_adv_by_std,
+        )
+
+    @property
+    def client(self) -> LLMClient:
+        """The judge's client (built on first use, so a disabled stage never needs the endpoint)."""
+        if self._client is None:
+            self._client = client_for_role(self._llm, JUDGE_ROLE)
+        return self._client
+
+    # ------------------------------------------------------------------ the stage
+    def apply(self, batch: Any, step: int) -> dict[str, float]:
+        """Overwrite ``batch``'s advantages with ADCA-GRPO's when active; returns ``adca/*`` metrics."""
+        if not self.active(step):
+            return {"adca/active": 0.0} if self.enabled else {}
+        started = time.perf_counter()
+        inputs = judge_inputs(batch, self.judge_settings.max_message_chars)
+        labels: StepFlagsResult = run_coroutine(evaluate_step_flags(
+            inputs, self.client, skip_type=self.grpo.skip_type,
+            small_adv_threshold=self.grpo.skip_small_adv_threshold,
+            parse_retries=self.judge_settings.parse_retries))
+        hyper = self.hyper(step)
+        result = compute_prm_grpo_advantages(batch, labels.flags, hyper)
+        old = batch.batch.get("advantages", None)
+        advantages = result.advantages.to(dtype=old.dtype if old is not None else torch.float32)
+        batch.batch["advantages"] = advantages
+        if "returns" in batch.batch:
+            batch.batch["returns"] = advantages.clone()
+        stored = np.empty(len(inputs), dtype=object)
+        stored[:] = [list(flags) if flags is not None else None for flags in labels.flags]
+        batch.non_tensor_batch["step_flags"] = stored
+        metrics = {"adca/active": 1.0, "adca/alpha": hyper.alpha, **labels.metrics(), **result.metrics,
+                   "adca/time_s": time.perf_counter() - started}
+        return metrics
+
+    def close(self) -> None:
+        """Close the judge client's connection pools (only a client this stage built)."""
+        if self._owns_client and self._client is not None:
+            self._client.close()
+
+
+def judge_inputs(batch: Any, max_message_chars: int) -> list[JudgeInput]:
+    """One :class:`JudgeInput` per sample of a verl ``DataProto`` (see the module docstring)."""
+    steps = num_steps(step_ids_tensor(batch)).tolist()
+    outcomes = outcome_scores(batch).tolist()
+    if "advantages" in batch.batch:
+        mask = batch.batch["response_mask"].to(torch.float32)
+        grpo = ((batch.batch["advantages"].to(torch.float32) * mask).sum(-1) / mask.sum(-1).clamp_min(1)).tolist()
+    else:
+        grpo = [0.0] * len(steps)
+    records = batch.non_tensor_batch.get("episode_record")
+    inputs = []
+    for index, (count, outcome, advantage) in enumerate(zip(steps, outcomes, grpo, strict=True)):
+        record = records[index] if records is not None else None
+        transcript = transcript_from_record(record, count, max_message_chars) if record is not None else None
+        inputs.append(JudgeInput(num_steps=count, outcome=outcome, grpo_advantage=advantage,
+                                 success=outcome_success(record, outcome), transcript=transcript))
+    return inputs
+
+
+def run_coroutine(coroutine: Coroutine[Any, Any, T]) -> T:
+    """Run ``coroutine`` to completion from synchronous code, even when this thread already runs a loop.
+
+    The trainer's step is synchronous; if it ever runs inside an event loop (an async Ray actor), a fresh
+    loop in a worker thread keeps the judge from being scheduled onto, and blocking, that loop.
+    """
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(coroutine)
+    with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:
+        return pool.submit(asyncio.run, coroutine).result()

@@ -1,0 +1,61 @@
+"""Self-Questioning: the task manager writes its own training tasks (seed 000, chapter 2).
+
+Pipeline: environment **profile** (:mod:`.profile`) -> **explore** (:mod:`.exploration`, strategies by
+name) -> **summarise** with the real query masked (:mod:`.summarizer`, :mod:`.masking`) -> **filter**
+(:mod:`.filters`: real-time dedup, post-hoc LLM feasibility) -> **mix** (:mod:`.mixture`: unified for
+training, original-only for validation). :mod:`.graders` score synthetic tasks (LLM judge) and original
+ones (the environment). :class:`TaskManager` runs generation with a resumable checkpoint
+(:mod:`.checkpoint`); ``python -m agentevolver.module.task_manager`` is the command line. Every LLM role
+(``task_explorer``, ``task_summarizer``, ``task_filter``, ``task_grader``) is an OpenAI-compatible endpoint
+from ``llm.roles``. See docs/task_manager.md.
+"""
+
+from agentevolver.module.task_manager.deps import TaskManagerDeps
+from agentevolver.module.task_manager.embedding import EMBEDDERS, Embedder
+from agentevolver.module.task_manager.exploration import EXPLORATION_STRATEGIES, ExplorationStrategy
+from agentevolver.module.task_manager.filters import (
+    POST_FILTERS,
+    REALTIME_FILTERS,
+    PostFilter,
+    RealtimeFilter,
+)
+from agentevolver.module.task_manager.graders import GRADERS, Grader, GraderPool, agrade_episode
+from agentevolver.module.task_manager.manager import GenerationReport, TaskManager
+from agentevolver.module.task_manager.mixture import MIXTURES, MixtureStrategy
+from agentevolver.module.task_manager.profile import EnvProfile, ProfileError, load_profile
+from agentevolver.module.task_manager.seeds import seed_tasks, spread_over
+from agentevolver.module.task_manager.store import (
+    objective_to_row,
+    original_objectives,
+    read_objectives,
+    write_objectives,
+)
+
+__all__ = [
+    "EMBEDDERS",
+    "EXPLORATION_STRATEGIES",
+    "GRADERS",
+    "MIXTURES",
+    "POST_FILTERS",
+    "REALTIME_FILTERS",
+    "Embedder",
+    "EnvProfile",
+    "ExplorationStrategy",
+    "GenerationReport",
+    "Grader",
+    "GraderPool",
+    "MixtureStrategy",
+    "PostFilter",
+    "ProfileError",
+    "RealtimeFilter",
+    "TaskManager",
+    "TaskManagerDeps",
+    "agrade_episode",
+    "load_profile",
+    "objective_to_row",
+    "original_objectives",
+    "read_objectives",
+    "seed_tasks",
+    "spread_over",
+    "write_objectives",
+]

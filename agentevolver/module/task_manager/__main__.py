@@ -1,0 +1,138 @@
+"""``python -m agentevolver.module.task_manager [--config-name NAME] [--config-dir DIR] [overrides ...]``.
+
+Generates synthetic tasks for the configured environment (``env_service.env_type``) into
+``task_manager.synthetic_tasks_path`` (JSON lines), with a progress bar and a summary table. Needs the
+environment service at ``env_service.env_url`` and the LLM roles ``task_explorer``, ``task_summarizer``
+and ``task_filter`` (``llm.roles``). A killed run resumes from ``task_manager.checkpoint_path``.
+
+Exit status: 0 = done; 1 = done, but some explorations or judgements failed (rerun to retry them: the
+finished ones are kept); 2 = a configuration or service problem (the message says what to change).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from pathlib import Path
+
+from rich.console import Console
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TextColumn,
+    TimeElapsedColumn,
+    TimeRemainingColumn,
+)
+from rich.table import Table
+
+from agentevolver.client.env_client import EnvClient
+from agentevolver.client.llm_client import LLMClients
+from agentevolver.config.loader import ROOT_CONFIG_NAME, load_config
+from agentevolver.errors import AgentEvolverError, ConfigError
+from agentevolver.module.task_manager.manager import GenerationReport, TaskManager
+from agentevolver.module.task_manager.seeds import seed_tasks
+
+PHASES = {"explore": "explore + summarise", "filter": "post filters"}
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the CLI; returns the exit status."""
+    parser = argparse.ArgumentParser(prog="python -m agentevolver.module.task_manager",
+                                     description="Generate synthetic training tasks for an environment.")
+    parser.add_argument("--config-name", default=ROOT_CONFIG_NAME, help="config file name without .yaml")
+    parser.add_argument("--config-dir", default=None, help="folder holding it (default: config/ and examples/)")
+    parser.add_argument("--output", default=None, help="JSONL to write (default: task_manager.synthetic_tasks_path)")
+    parser.add_argument("--summary-json", default=None, help="also write the counters and rates to this JSON file")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar (e.g. in CI logs)")
+    parser.add_argument("--log-level", default="warning", help="logging level (default: warning)")
+    parser.add_argument("overrides", nargs="*", help="Hydra overrides, e.g. task_manager.n=4 env_service.env_type=calc")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
+    console = Console(stderr=True)
+    try:
+        report, seeds = _generate(args, console)
+    except AgentEvolverError as err:
+        console.print(f"[red]error:[/red] {err}", markup=True, highlight=False)
+        return 2
+    Console().print(summary_table(report, seeds))
+    if args.summary_json:
+        Path(args.summary_json).write_text(json.dumps(summary_dict(report, seeds), indent=2))
+    if report.failures:
+        console.print(f"{len(report.failures)} exploration(s)/judgement(s) failed; rerun the same command to "
+                      "retry them (finished work is kept in the checkpoint). First: " + report.failures[0])
+        return 1
+    return 0
+
+
+def _generate(args: argparse.Namespace, console: Console) -> tuple[GenerationReport, int]:
+    _cfg, settings = load_config(args.overrides, config_name=args.config_name, config_dir=args.config_dir)
+    section = settings.task_manager
+    if section.n == 0:
+        raise ConfigError("task_manager.n is 0, which turns task synthesis off; pass task_manager.n=N "
+                          "(explorations per seed task) to generate")
+    with EnvClient.from_config(settings.env_service) as env, LLMClients(settings.llm) as llm:
+        if not env.healthy():
+            raise ConfigError(f"the environment service at env_service.env_url={settings.env_service.env_url} "
+                              "does not answer /healthz; start it (python env_service/env_service.py --env "
+                              f"{settings.env_service.env_type} --port PORT) or fix the URL")
+        manager = TaskManager.from_settings(settings, env=env, llm=llm)
+        seeds = seed_tasks(env, settings)
+        output = args.output or section.synthetic_tasks_path
+        console.print(f"{len(seeds)} seed task(s) of {settings.env_service.env_type!r} x n={section.n} "
+                      f"explorations -> {output}", highlight=False)
+        columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                   TextColumn("eta"), TimeRemainingColumn())
+        with Progress(*columns, console=console, disable=args.no_progress) as bar:
+            bars: dict[str, int] = {}
+
+            def progress(phase: str, done: int, total: int) -> None:
+                if phase not in bars:
+                    bars[phase] = bar.add_task(PHASES.get(phase, phase), total=total)
+                bar.update(bars[phase], completed=done, total=total)
+
+            report = manager.generate_task(seeds, progress=progress, output_path=output)
+    return report, len(seeds)
+
+
+def summary_dict(report: GenerationReport, seeds: int) -> dict[str, object]:
+    """The counters and rates of a run as plain data."""
+    return {"seeds": seeds, "counts": dict(report.counts), "rates": report.rates(), "failures": report.failures,
+            "checkpoint": report.checkpoint_status, "output": str(report.output_path)}
+
+
+def summary_table(report: GenerationReport, seeds: int) -> Table:
+    """What the run did, one row per stage."""
+    c, rates = report.counts, report.rates()
+
+    def pct(value: float | None) -> str:
+        return "-" if value is None else f"{100 * value:.1f}%"
+
+    table = Table(title="task generation", show_header=True, header_style="bold")
+    table.add_column("stage")
+    table.add_column("count", justify="right")
+    table.add_column("detail")
+    failed_explorations = sum(1 for f in report.failures if "#" in f.split(":", 1)[0])
+    table.add_row("seed tasks", str(seeds), "")
+    table.add_row("explorations", str(c["explorations_planned"]),
+                  f"{c['explorations_run']} run now, {c['explorations_resumed']} resumed "
+                  f"({report.checkpoint_status}), {failed_explorations} failed; {c['explore_steps']} env steps")
+    table.add_row("summariser replies", str(c["summary_replies"]),
+                  f"{c['summary_unparsed_replies']} unparseable; parse rate {pct(rates['parse_rate'])}; "
+                  f"{c['summaries_failed']} exploration(s) without a usable summary")
+    table.add_row("tasks proposed", str(c["objectives_proposed"]),
+                  f"{c['summary_rejected_items']} malformed item(s) dropped")
+    table.add_row("duplicates dropped", str(c["dropped_exact_duplicate"] + c["dropped_near_duplicate"]),
+                  f"{c['dropped_exact_duplicate']} exact, {c['dropped_near_duplicate']} near; duplicate rate "
+                  f"{pct(rates['duplicate_rate'])}")
+    table.add_row("judged (post filters)", str(c["judged"]),
+                  f"{c['judged_kept']} kept, {c['judged_unparsed']} unparseable verdict(s); feasibility rate "
+                  f"{pct(rates['feasibility_rate'])}")
+    table.add_row("tasks written", str(c["tasks_written"]), str(report.output_path))
+    return table
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,69 @@
+"""What the task manager's plug-ins may use, handed to each at construction (the reference's
+``_inject_deps``): the validated settings, the environment client, the LLM role clients and the profile.
+
+Plug-ins take the one object and pick what they need, so a new strategy, filter or grader that needs
+something else needs no change to the manager's constructor calls.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cached_property
+from typing import Any
+
+from agentevolver.client.env_client import EnvClient
+from agentevolver.client.llm_client import LLMClient, LLMClients
+from agentevolver.config.schema import AgentEvolverSettings, TaskManagerSection
+from agentevolver.errors import ConfigError
+from agentevolver.module.task_manager.profile import EnvProfile, load_profile
+
+__all__ = ["ROLE_EXPLORER", "ROLE_FILTER", "ROLE_GRADER", "ROLE_SUMMARIZER", "TaskManagerDeps"]
+
+#: The LLM roles (``llm.roles.<role>``) of Self-Questioning.
+ROLE_EXPLORER = "task_explorer"
+ROLE_SUMMARIZER = "task_summarizer"
+ROLE_FILTER = "task_filter"
+ROLE_GRADER = "task_grader"
+
+
+@dataclass
+class TaskManagerDeps:
+    """Dependencies of task-manager plug-ins (see the module docstring).
+
+    ``profile`` is loaded on first use (``task_manager.env_profile`` or the shipped one) unless given, so
+    mixing tasks for an environment without a profile works as long as nothing is generated.
+    """
+
+    settings: AgentEvolverSettings
+    env: EnvClient | None = None
+    llm: LLMClients | None = None
+    given_profile: EnvProfile | None = None
+
+    @cached_property
+    def profile(self) -> EnvProfile:
+        if self.given_profile is not None:
+            return self.given_profile
+        return load_profile(self.env_type, self.section.env_profile)
+
+    @property
+    def section(self) -> TaskManagerSection:
+        return self.settings.task_manager
+
+    @property
+    def env_type(self) -> str:
+        return self.settings.env_service.env_type
+
+    @property
+    def create_params(self) -> dict[str, Any]:
+        return dict(self.settings.env_service.create_params)
+
+    def client(self, role: str) -> LLMClient:
+        """The shared client of ``llm.roles.<role>``."""
+        if self.llm is None:
+            raise ConfigError(f"the {role} LLM role is needed but no LLM clients were given")
+        return self.llm.for_role(role)
+
+    def env_client(self) -> EnvClient:
+        if self.env is None:
+            raise ConfigError("an environment client is needed (env_service.env_url) but none was given")
+        return self.env

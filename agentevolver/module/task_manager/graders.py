@@ -1,0 +1,197 @@
+"""Graders by name: what an episode of a task scores (``task_manager.grader``; seed 000, chapter 2, part 6).
+
+* ``env``: the environment's own ``/evaluate`` score, which the agent flow already computed: returned as
+  is. The grader of original tasks.
+* ``llm``: the ``task_grader`` LLM judges the episode on relevance (did the agent work on this task),
+  success and efficiency, with the task's reference answer when ``use_reference_answer`` is on and the
+  task has one. ``scoring: binary`` gives 1 if relevant and successful, else 0; ``graded`` gives
+  relevance x success x (0.5 + 0.5 x efficiency) from scores in [0, 1]. The grader of synthetic tasks,
+  whose environment instance belongs to another (the seed) task, so ``/evaluate`` means nothing for them.
+
+An episode already penalised for degenerate output (``reward.madness < 0``) keeps the agent flow's reward
+and costs no judge call. A judge reply that never parses (after ``parse_retries``) or a judge that cannot
+be reached scores 0 and is counted in the episode's metrics (``grader/unparsed``, ``grader/errors``):
+one failed judgement never costs a training step.
+
+For the agent loop: :class:`GraderPool` builds graders by name once per process, and
+:func:`agrade_episode` re-scores an :class:`EpisodeResult` whose task row names a grader other than ``env``.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from abc import ABC, abstractmethod
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from agentevolver.client.llm_client import LLMClients
+from agentevolver.config.schema import AgentEvolverSettings
+from agentevolver.errors import LLMError
+from agentevolver.module.agent_flow.episode import EpisodeResult, EpisodeSpec
+from agentevolver.module.task_manager.deps import ROLE_GRADER
+from agentevolver.module.task_manager.parsing import aask_parsed, extract_json
+from agentevolver.module.task_manager.prompts import (
+    GRADER_BINARY,
+    GRADER_GRADED,
+    GRADER_REFERENCE,
+    GRADER_SYSTEM,
+    GRADER_USER,
+)
+from agentevolver.module.task_manager.registry import Registry
+from agentevolver.module.task_manager.store import task_from_row
+from agentevolver.module.task_manager.transcript import render_transcript
+from agentevolver.schema import Reward, Task
+
+__all__ = ["GRADERS", "EnvGrader", "Grader", "GraderPool", "LlmJudgeGrader", "agrade_episode", "episode_part"]
+
+logger = logging.getLogger(__name__)
+
+#: Graders by name (``task_manager.grader.original_grader`` / ``synthetic_grader``).
+GRADERS: Registry[Grader] = Registry("grader", "task_manager.grader.synthetic_grader")
+
+#: Authors of the policy's own messages in an episode record (agent flow's context manager).
+_POLICY_AUTHORS = ("llm", "llm(do_not_train)")
+
+
+class Grader(ABC):
+    """Scores one episode of one task; built once per process from the settings and the LLM clients."""
+
+    def __init__(self, settings: AgentEvolverSettings, llm: LLMClients | None) -> None:
+        self.settings = settings
+        self.llm = llm
+
+    @abstractmethod
+    async def agrade(self, task: Task, messages: Sequence[Mapping[str, Any]], reward: Reward) -> tuple[Reward, dict[str, float]]:
+        """``(reward, metrics)`` for an episode; ``reward`` is the one the agent flow computed (env score)."""
+
+
+@GRADERS.register("env")
+class EnvGrader(Grader):
+    """The environment's score (see the module docstring)."""
+
+    async def agrade(self, task: Task, messages: Sequence[Mapping[str, Any]], reward: Reward) -> tuple[Reward, dict[str, float]]:
+        return reward, {}
+
+
+class BinaryVerdict(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    relevant: bool
+    success: bool
+    efficient: bool = True
+    reason: str = ""
+
+
+class GradedVerdict(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    relevance: float = Field(ge=0.0, le=1.0)
+    success: float = Field(ge=0.0, le=1.0)
+    efficiency: float = Field(ge=0.0, le=1.0)
+    reason: str = ""
+
+
+@GRADERS.register("llm")
+class LlmJudgeGrader(Grader):
+    """The ``task_grader`` LLM as judge (see the module docstring)."""
+
+    def __init__(self, settings: AgentEvolverSettings, llm: LLMClients | None) -> None:
+        super().__init__(settings, llm)
+        if llm is None:
+            raise LLMError("the llm grader needs the task_grader LLM role (llm.roles.task_grader)")
+        self.client = llm.for_role(ROLE_GRADER)
+        self.section = settings.task_manager.grader
+        self.retries = settings.task_manager.parse_retries
+        self.max_chars = settings.task_manager.max_observation_chars
+
+    def messages(self, task: Task, messages: Sequence[Mapping[str, Any]]) -> list[dict[str, str]]:
+        binary = self.section.scoring == "binary"
+        with_reference = self.section.use_reference_answer and bool(task.ground_truth)
+        user = GRADER_USER.format(
+            query=task.query or f"(the environment's task {task.task_id})",
+            reference=GRADER_REFERENCE.format(answer=task.ground_truth) if with_reference else "",
+            transcript=render_transcript(episode_part(messages), self.max_chars),
+            success_hint=" (its result agrees with the reference answer)" if with_reference else "",
+            reply_format=GRADER_BINARY if binary else GRADER_GRADED,
+        )
+        return [{"role": "system", "content": GRADER_SYSTEM}, {"role": "user", "content": user}]
+
+    async def agrade(self, task: Task, messages: Sequence[Mapping[str, Any]], reward: Reward) -> tuple[Reward, dict[str, float]]:
+        if reward.madness < 0:
+            return reward, {"grader/skipped_mad": 1.0}
+        binary = self.section.scoring == "binary"
+        model = BinaryVerdict if binary else GradedVerdict
+        try:
+            reply = await aask_parsed(self.client, self.messages(task, messages),
+                                      lambda text: model.model_validate(extract_json(text)), self.retries)
+        except LLMError as err:
+            logger.warning("llm grader: the judge failed, scoring 0: %s", err)
+            return Reward(description=f"llm grader failed: {err}"), {"grader/errors": 1.0}
+        metrics = {"grader/replies": float(reply.replies), "grader/unparsed_replies": float(reply.failures)}
+        verdict = reply.value
+        if verdict is None:
+            metrics["grader/unparsed"] = 1.0
+            return Reward(description=f"llm grader: unparseable judge reply ({reply.errors[-1]}); scored 0"), metrics
+        if isinstance(verdict, BinaryVerdict):
+            success = 1.0 if verdict.relevant and verdict.success else 0.0
+            score = success
+            parts = f"relevant={verdict.relevant} success={verdict.success} efficient={verdict.efficient}"
+        else:
+            success = verdict.success
+            score = verdict.relevance * verdict.success * (0.5 + 0.5 * verdict.efficiency)
+            parts = f"relevance={verdict.relevance:g} success={verdict.success:g} efficiency={verdict.efficiency:g}"
+        return Reward(outcome=score, success_rate=success, madness=reward.madness,
+                      description=f"llm grader ({parts}): {verdict.reason}".strip()), metrics
+
+
+def episode_part(messages: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+    """What the agent did: the messages from its first action on (the task is shown to the judge apart,
+    and the environment's system prompt and worked demonstrations are not the agent's doing)."""
+    for index, message in enumerate(messages):
+        author = message.get("author")
+        if author in _POLICY_AUTHORS or (author is None and message.get("role") == "assistant"):
+            return list(messages[index:])
+    return [m for m in messages if m.get("role") != "system"]
+
+
+class GraderPool:
+    """Graders by name, built on first use and shared (thread-safe); one per agent-loop worker process."""
+
+    def __init__(self, settings: AgentEvolverSettings, llm: LLMClients | None) -> None:
+        self.settings = settings
+        self.llm = llm
+        self._graders: dict[str, Grader] = {}
+        self._lock = threading.Lock()
+
+    @classmethod
+    def from_config(cls, config: Any) -> GraderPool:
+        """A pool for a composed config (the Hydra node the agent loop holds), with its own LLM clients."""
+        from agentevolver.config import validate_config
+
+        settings = validate_config(config)
+        return cls(settings, LLMClients(settings.llm))
+
+    def get(self, name: str) -> Grader:
+        with self._lock:
+            grader = self._graders.get(name)
+            if grader is None:
+                grader = self._graders[name] = GRADERS.create(name, self.settings, self.llm)
+            return grader
+
+
+async def agrade_episode(result: EpisodeResult, spec: EpisodeSpec, pool: GraderPool) -> EpisodeResult:
+    """``result`` re-scored by the grader its task row names (``metadata.evaluator``; ``env`` = unchanged).
+
+    The new reward replaces the episode's and every sample's reward; the grader's counters are added to
+    the episode's metrics.
+    """
+    name = str(spec.metadata.get("evaluator", "env"))
+    if name == "env" or not result.messages:  # no episode to judge (e.g. /create failed): keep its 0
+        return result
+    task = task_from_row(spec.model_dump())
+    reward, metrics = await pool.get(name).agrade(task, result.messages, result.reward)
+    samples = [s.model_copy(update={"reward": reward}) for s in result.samples]
+    return result.model_copy(update={"reward": reward, "samples": samples, "metrics": {**result.metrics, **metrics}})

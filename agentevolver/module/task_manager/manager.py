@@ -1,0 +1,322 @@
+"""The task manager: seed tasks -> explore -> summarise -> filter -> synthetic tasks; and the mixtures.
+
+``generate_task`` (seed 000, chapter 2) runs ``n`` explorations per seed task. They run in batches of
+``min(num_explore_threads, number of seed tasks)`` that never hold the same seed twice, so one task is
+never explored twice at once (concurrent explorations of one seed tend to write the same tasks). Each
+finished exploration passes the real-time filters against everything kept so far for its seed and is
+recorded in the checkpoint at once (:mod:`.checkpoint`), so a killed run resumes without redoing it.
+Then the post filters judge every kept task (verdicts cached in the checkpoint too), and the survivors
+are written to ``synthetic_tasks_path``. ``n: 0`` returns at once: nothing explored, no LLM request.
+
+Failures are counted, not fatal: an unparseable summary yields no tasks (recorded, not retried on
+resume); an exploration whose environment or LLM failed is *not* recorded, so the next run retries it;
+:class:`GenerationReport` lists both, and the rates the run's summary table shows.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+from collections import Counter
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor, as_completed
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from agentevolver.client.env_client import EnvClient, EnvClientError
+from agentevolver.client.llm_client import LLMClients
+from agentevolver.config.schema import AgentEvolverSettings
+from agentevolver.errors import ConfigError, LLMError
+from agentevolver.module.task_manager.checkpoint import ExplorationRecord, GenerationCheckpoint, inputs_digest
+from agentevolver.module.task_manager.deps import ROLE_EXPLORER, ROLE_SUMMARIZER, TaskManagerDeps
+from agentevolver.module.task_manager.embedding import EMBEDDERS
+from agentevolver.module.task_manager.exploration import EXPLORATION_STRATEGIES, ExplorationStrategy
+from agentevolver.module.task_manager.filters import (
+    POST_FILTERS,
+    REALTIME_FILTERS,
+    PostFilter,
+    RealtimeFilter,
+)
+from agentevolver.module.task_manager.graders import GRADERS
+from agentevolver.module.task_manager.mixture import MIXTURES, MixtureStrategy
+from agentevolver.module.task_manager.profile import EnvProfile
+from agentevolver.module.task_manager.prompts import PROMPT_VERSION
+from agentevolver.module.task_manager.store import write_objectives
+from agentevolver.module.task_manager.summarizer import Summarizer
+from agentevolver.schema import Task, TaskObjective
+
+__all__ = ["GenerationReport", "ProgressFn", "TaskManager", "check_names", "exploration_key"]
+
+logger = logging.getLogger(__name__)
+
+#: ``progress(phase, done, total)``; phase is "explore" or "filter".
+ProgressFn = Callable[[str, int, int], None]
+
+
+def exploration_key(seed_task_id: str, round_index: int) -> str:
+    return f"{seed_task_id}#{round_index}"
+
+
+@dataclass
+class GenerationReport:
+    """What a generation run produced and what happened on the way (counters summed over explorations,
+    resumed ones included)."""
+
+    objectives: list[TaskObjective] = field(default_factory=list)
+    counts: Counter[str] = field(default_factory=Counter)
+    failures: list[str] = field(default_factory=list)
+    checkpoint_status: str = "off"
+    output_path: Path | None = None
+
+    def rates(self) -> dict[str, float | None]:
+        """parse rate (summariser replies that parsed), duplicate rate (proposed tasks the real-time filters
+        dropped as duplicates), feasibility rate (judged tasks the post filters kept); None when undefined."""
+        c = self.counts
+        duplicates = c["dropped_exact_duplicate"] + c["dropped_near_duplicate"]
+        return {
+            "parse_rate": _ratio(c["summary_replies"] - c["summary_unparsed_replies"], c["summary_replies"]),
+            "duplicate_rate": _ratio(duplicates, c["objectives_proposed"]),
+            "feasibility_rate": _ratio(c["judged_kept"], c["judged"]),
+        }
+
+
+def _ratio(num: int, den: int) -> float | None:
+    return num / den if den else None
+
+
+class TaskManager:
+    """Self-Questioning for one environment (see the module docstring).
+
+    The trainer builds two: ``mixture`` ``unified`` for training and ``original_only`` for validation.
+    """
+
+    def __init__(self, deps: TaskManagerDeps, mixture: MixtureStrategy | None = None) -> None:
+        self.deps = deps
+        self.section = deps.section
+        check_names(deps.settings)
+        self.mixture = mixture or MIXTURES.create(self.section.mixture.strategy, self.section.mixture)
+
+    @classmethod
+    def from_settings(cls, settings: AgentEvolverSettings, *, env: EnvClient | None = None,
+                      llm: LLMClients | None = None, mixture: str | None = None,
+                      profile: EnvProfile | None = None) -> TaskManager:
+        """A manager for ``settings`` (``mixture`` overrides the configured strategy, e.g. ``original_only``)."""
+        deps = TaskManagerDeps(settings=settings, env=env, llm=llm, given_profile=profile)
+        strategy = MIXTURES.create(mixture, settings.task_manager.mixture) if mixture else None
+        return cls(deps, strategy)
+
+    # ------------------------------------------------------------------ mixture
+    def mix(self, original: Sequence[TaskObjective], synthetic: Sequence[TaskObjective]) -> list[TaskObjective]:
+        """The dataset's tasks by this manager's mixture strategy."""
+        return self.mixture.mix(original, synthetic)
+
+    # ------------------------------------------------------------------ generation
+    def inputs(self, seeds: Sequence[Task]) -> dict[str, Any]:
+        """What the explorations depend on (the checkpoint's digest; see :mod:`.checkpoint`)."""
+        settings, section = self.deps.settings, self.section
+        return {
+            "prompt_version": PROMPT_VERSION,
+            "env_type": self.deps.env_type,
+            "create_params": self.deps.create_params,
+            "seeds": [s.model_dump(mode="json") for s in seeds],
+            "strategy": section.strategy,
+            "max_explore_step": section.max_explore_step,
+            "tasks_per_exploration": section.tasks_per_exploration,
+            "parse_retries": section.parse_retries,
+            "demonstrations": section.demonstrations,
+            "max_observation_chars": section.max_observation_chars,
+            "realtime_filters": section.realtime_filters,
+            "dedup": section.dedup.model_dump(),
+            "synthetic_grader": section.grader.synthetic_grader,
+            "tool_parser": settings.agent_flow.tools.tool_parser,
+            "profile": self.deps.profile.model_dump(mode="json"),
+            "explorer": _model_identity(settings, ROLE_EXPLORER),
+            "summarizer": _model_identity(settings, ROLE_SUMMARIZER),
+        }
+
+    def generate_task(self, seeds: Sequence[Task], *, progress: ProgressFn | None = None,
+                      output_path: str | Path | None = None) -> GenerationReport:
+        """Generate synthetic tasks from ``seeds`` and write them to ``output_path`` (default: the configured
+        ``synthetic_tasks_path``). Raises only for configuration errors (unknown names, unreadable profile)."""
+        section = self.section
+        report = GenerationReport()
+        if section.n == 0 or not seeds:
+            logger.info("task synthesis is off (task_manager.n=0 or no seed tasks)")
+            return report
+        strategy = EXPLORATION_STRATEGIES.create(section.strategy, self.deps)
+        summarizer = Summarizer(self.deps)
+        realtime = [REALTIME_FILTERS.create(name, self.deps) for name in section.realtime_filters]
+        post = [(name, POST_FILTERS.create(name, self.deps)) for name in section.post_filters]
+        verdict_inputs = {"filters": [[n, f.fingerprint] for n, f in post], "retries": section.parse_retries,
+                          "demonstrations": section.demonstrations,
+                          "prompt_version": PROMPT_VERSION, "profile": self.deps.profile.model_dump(mode="json")}
+        checkpoint = GenerationCheckpoint.open(section.checkpoint_path, inputs_digest(self.inputs(seeds)),
+                                               inputs_digest(verdict_inputs))
+        report.checkpoint_status = checkpoint.status
+        plan = [(seed, r) for r in range(section.n) for seed in seeds]
+        self._explore_all(plan, strategy, summarizer, realtime, checkpoint, report, progress)
+        candidates = [o for seed, r in plan if (rec := checkpoint.explorations.get(exploration_key(seed.task_id, r)))
+                      for o in rec.objectives]
+        for record in (checkpoint.explorations.get(exploration_key(s.task_id, r)) for s, r in plan):
+            if record is not None:
+                report.counts.update(record.counts)
+        report.objectives = self._post_filter(candidates, post, checkpoint, report, progress)
+        report.output_path = write_objectives(output_path or section.synthetic_tasks_path, report.objectives)
+        report.counts["tasks_written"] = len(report.objectives)
+        return report
+
+    def _explore_all(self, plan: list[tuple[Task, int]], strategy: ExplorationStrategy, summarizer: Summarizer,
+                     realtime: list[RealtimeFilter], checkpoint: GenerationCheckpoint, report: GenerationReport,
+                     progress: ProgressFn | None) -> None:
+        pending = [(s, r) for s, r in plan if exploration_key(s.task_id, r) not in checkpoint.explorations]
+        report.counts["explorations_planned"] = len(plan)
+        report.counts["explorations_resumed"] = len(plan) - len(pending)
+        done = len(plan) - len(pending)
+        if progress:
+            progress("explore", done, len(plan))
+        parallel = min(self.section.num_explore_threads, len({s.task_id for s, _ in plan}))
+        with ThreadPoolExecutor(max_workers=parallel, thread_name_prefix="explore") as pool:
+            for batch in _batches(pending, parallel):
+                futures: dict[Future[ExplorationRecord], tuple[Task, int]] = {
+                    pool.submit(self._explore_and_summarize, strategy, summarizer, seed, r): (seed, r)
+                    for seed, r in batch}
+                for future in as_completed(futures):
+                    seed, r = futures[future]
+                    key = exploration_key(seed.task_id, r)
+                    try:
+                        record = future.result()
+                    except (EnvClientError, LLMError) as err:
+                        logger.warning("exploration %s failed (it will be retried by the next run): %s", key, err)
+                        report.failures.append(f"{key}: {err}")
+                    else:
+                        self._keep(record, realtime, checkpoint)
+                        checkpoint.save()
+                        report.counts["explorations_run"] += 1
+                    done += 1
+                    if progress:
+                        progress("explore", done, len(plan))
+
+    def _explore_and_summarize(self, strategy: ExplorationStrategy, summarizer: Summarizer, seed: Task,
+                               round_index: int) -> ExplorationRecord:
+        """One exploration and its summary (runs in a worker thread)."""
+        trajectory = strategy.explore(seed, round_index)
+        summary = summarizer.summarize(seed, trajectory)
+        counts = {
+            "explore_steps": trajectory.num_steps,
+            "summary_replies": summary.replies,
+            "summary_unparsed_replies": summary.unparsed_replies,
+            "summaries_failed": int(not summary.parsed),
+            "summary_rejected_items": summary.rejected_items,
+            "objectives_proposed": len(summary.objectives),
+        }
+        if not summary.parsed:
+            logger.info("exploration %s: no summary reply parsed (%s)", exploration_key(seed.task_id, round_index),
+                        "; ".join(summary.errors))
+        return ExplorationRecord(key=exploration_key(seed.task_id, round_index), seed_task_id=seed.task_id,
+                                 round=round_index, objectives=summary.objectives, counts=counts)
+
+    @staticmethod
+    def _keep(record: ExplorationRecord, realtime: list[RealtimeFilter], checkpoint: GenerationCheckpoint) -> None:
+        """Run the real-time filters against what this seed already has, then record the exploration."""
+        existing = [o for other in checkpoint.explorations.values() if other.seed_task_id == record.seed_task_id
+                    for o in other.objectives]
+        kept = record.objectives
+        for rt_filter in realtime:
+            result = rt_filter.filter(kept, existing)
+            kept = result.kept
+            for dropped in result.dropped:
+                record.counts[f"dropped_{dropped.reason}"] = record.counts.get(f"dropped_{dropped.reason}", 0) + 1
+        record.objectives = kept
+        record.counts["objectives_kept"] = len(kept)
+        checkpoint.explorations[record.key] = record
+
+    def _post_filter(self, objectives: list[TaskObjective], post: list[tuple[str, PostFilter]],
+                     checkpoint: GenerationCheckpoint, report: GenerationReport,
+                     progress: ProgressFn | None) -> list[TaskObjective]:
+        """Judge every objective with each post filter in turn (cached verdicts reused); keep the survivors."""
+        survivors = objectives
+        threads = self.section.num_explore_threads
+        for name, post_filter in post:
+            todo = [o for o in survivors if f"{name}:{o.task.task_id}" not in checkpoint.verdicts]
+            done = len(survivors) - len(todo)
+            if progress:
+                progress("filter", done, len(survivors))
+            with ThreadPoolExecutor(max_workers=threads, thread_name_prefix="judge") as pool:
+                futures = {pool.submit(post_filter.judge, o): o for o in todo}
+                for future in as_completed(futures):
+                    objective = futures[future]
+                    try:
+                        verdict = future.result()
+                    except (EnvClientError, LLMError) as err:
+                        logger.warning("post filter %s failed on %s (kept out of this run's output; retried by "
+                                       "the next run): %s", name, objective.task.task_id, err)
+                        report.failures.append(f"{name}:{objective.task.task_id}: {err}")
+                    else:
+                        checkpoint.verdicts[f"{name}:{objective.task.task_id}"] = {
+                            "keep": verdict.keep, "reason": verdict.reason, "unparsed": verdict.unparsed,
+                            "replies": verdict.replies}
+                        checkpoint.save()
+                    done += 1
+                    if progress:
+                        progress("filter", done, len(survivors))
+            kept = []
+            for objective in survivors:
+                verdict = checkpoint.verdicts.get(f"{name}:{objective.task.task_id}")
+                if verdict is None:
+                    continue
+                report.counts["judged"] += 1
+                report.counts["judge_replies"] += int(verdict.get("replies", 0))
+                if verdict.get("unparsed"):
+                    report.counts["judged_unparsed"] += 1
+                if verdict["keep"]:
+                    report.counts["judged_kept"] += 1
+                    kept.append(objective)
+            survivors = kept
+        return survivors
+
+
+def check_names(settings: AgentEvolverSettings) -> None:
+    """Import ``task_manager.plugin_modules``, then check that every configured name is registered, so a typo
+    fails at start-up with the key and the choices, not after an hour of exploration."""
+    section = settings.task_manager
+    for module in section.plugin_modules:
+        try:
+            importlib.import_module(module)
+        except ImportError as err:
+            raise ConfigError(f"task_manager.plugin_modules: cannot import {module!r} ({err}); give an importable "
+                              "module path such as 'my_project.task_plugins'") from err
+    EXPLORATION_STRATEGIES.check(section.strategy)
+    for index, name in enumerate(section.realtime_filters):
+        REALTIME_FILTERS.check(name, f"task_manager.realtime_filters[{index}]")
+    for index, name in enumerate(section.post_filters):
+        POST_FILTERS.check(name, f"task_manager.post_filters[{index}]")
+    EMBEDDERS.check(section.dedup.embedder)
+    MIXTURES.check(section.mixture.strategy)
+    GRADERS.check(section.grader.original_grader, "task_manager.grader.original_grader")
+    GRADERS.check(section.grader.synthetic_grader, "task_manager.grader.synthetic_grader")
+
+
+def _batches(pending: list[tuple[Task, int]], size: int) -> list[list[tuple[Task, int]]]:
+    """Consecutive batches of at most ``size`` explorations with no seed task twice in one batch."""
+    batches: list[list[tuple[Task, int]]] = []
+    remaining = list(pending)
+    while remaining:
+        batch: list[tuple[Task, int]] = []
+        seen: set[str] = set()
+        rest: list[tuple[Task, int]] = []
+        for item in remaining:
+            if len(batch) < size and item[0].task_id not in seen:
+                batch.append(item)
+                seen.add(item[0].task_id)
+            else:
+                rest.append(item)
+        batches.append(batch)
+        remaining = rest
+    return batches
+
+
+def _model_identity(settings: AgentEvolverSettings, role: str) -> dict[str, Any]:
+    """What of a role's endpoint changes its replies (not its URL or timeouts: moving a server is no change)."""
+    _name, endpoint = settings.llm.endpoint_for(role)
+    return {"model": endpoint.model, "temperature": endpoint.temperature, "max_tokens": endpoint.max_tokens}

@@ -1,0 +1,133 @@
+"""Every text the task manager's LLM roles are shown: explorer, summariser, feasibility judge, grader.
+
+Kept in one module so the wording can be reviewed (and versioned: :data:`PROMPT_VERSION` enters the
+generation checkpoint's digest, so changing a prompt starts generation afresh) in one place. The replies
+asked for are JSON, because they are parsed and schema-validated (``parsing.py``).
+"""
+
+from __future__ import annotations
+
+#: Bump when a prompt below changes in a way that changes what generation produces.
+PROMPT_VERSION = 2
+
+#: What replaces the seed task's real query before the summariser sees a trajectory (seed 000, ch. 2).
+MASK = "[MASKED]"
+
+EXPLORER_INSTRUCTIONS = """\
+You are now EXPLORING this environment to discover what can be done in it; you are not asked to solve the \
+task shown to you (use it only as context). For up to {max_steps} steps, take one action per message in \
+the environment's format described above, look at what comes back, and keep varying what you try, so \
+that the record of this exploration shows many different, concrete things a user could ask for. Begin \
+with these operations: {focus}. Avoid ending the episode (submitting or giving a final answer) while \
+there is still something new to try.
+
+{profile}
+{tools}"""
+
+EXPLORER_TOOLS = """
+Tools of the environment (OpenAI function format):
+{schemas}"""
+
+SUMMARIZER_SYSTEM = "You turn records of an agent exploring an environment into training tasks for that agent."
+
+SUMMARIZER_USER = """\
+{profile}
+
+Below is the record of an exploration of this environment. The task the agent was originally given is \
+hidden and shown as {mask}; do not guess it.
+
+<record>
+{transcript}
+</record>
+
+Write up to {k} different tasks a user could ask an agent in this environment, each one something the \
+actions in the record show to be possible. Each task must be self-contained: state every value it needs, \
+and do not mention the record, the exploration or {mask}. For each task give the expected answer (or the \
+observable result that shows success) and your confidence, from 0 to 1, that the task can be done as stated.
+
+Reply with a JSON array only, for example:
+[{{"query": "...", "answer": "...", "confidence": 0.8}}]"""
+
+FILTER_SYSTEM = "You check whether a task can be carried out in a given environment."
+
+FILTER_USER = """\
+{profile}
+
+Task: {query}
+Expected answer or result: {answer}
+
+Can an agent complete this task using only this environment's operations and the information the task \
+gives? Reply with a JSON object only: {{"feasible": true or false, "reason": "<one sentence>"}}"""
+
+GRADER_SYSTEM = "You grade an agent's attempt at a task from the record of its episode."
+
+GRADER_USER = """\
+Task: {query}
+{reference}
+<record>
+{transcript}
+</record>
+
+Judge the agent's attempt on three points:
+- relevance: did the agent work on this task rather than on something else?
+- success: did it complete the task{success_hint}?
+- efficiency: did it get there without needless, repeated or failed steps?
+{reply_format}"""
+
+GRADER_REFERENCE = "Reference answer: {answer}\n"
+
+GRADER_BINARY = ('Reply with a JSON object only: {"relevant": true or false, "success": true or false, '
+                 '"efficient": true or false, "reason": "<one sentence>"}')
+
+GRADER_GRADED = ('Reply with a JSON object only, each score a number from 0 (not at all) to 1 (fully): '
+                 '{"relevance": 0.0, "success": 0.0, "efficiency": 0.0, "reason": "<one sentence>"}')
+
+# ------------------------------------------------------------------------------------------------------------
+# Worked examples (``task_manager.demonstrations``): one for the summariser, one per verdict for the feasibility
+# judge, shown as earlier exchanges. They are about a made-up notes app, so it shows the *format* without suggesting tasks for the real environment; a task
+# copying its text is rejected (``DEMO_TEXTS``). Small models (SmolLM2-135M) answer in prose or code
+# without it and in the asked JSON with it.
+DEMO_PROFILE = """Environment `notes`: a notebook app whose notes can be created and searched.
+
+Entities:
+- note: a text note with a title
+  attributes: title (the note's name); text (its content)
+  operations: create (add a note); search (find notes containing a word)"""
+
+DEMO_TRANSCRIPT = """[environment (system)]
+You manage notes. Call create(title, text) or search(word).
+
+[environment]
+[MASKED]
+
+[agent]
+create(title="groceries", text="milk, eggs")
+
+[environment]
+note 7 created
+
+[agent]
+search(word="milk")
+
+[environment]
+found: note 7 (groceries)"""
+
+DEMO_TASKS = [
+    {"query": "Create a note titled 'groceries' that says 'milk, eggs'.",
+     "answer": "a note 'groceries' with the text 'milk, eggs' exists", "confidence": 0.9},
+    {"query": "Find the note that mentions milk and tell me its title.", "answer": "groceries", "confidence": 0.8},
+]
+
+#: Texts of the example a summariser reply must not copy as a task (its queries and answers).
+DEMO_TEXTS = tuple(text for task in DEMO_TASKS for text in (task["query"], task["answer"]))
+
+#: (task, expected answer, verdict) exchanges shown to the feasibility judge: one of each verdict, so the
+#: example does not bias the judge towards either.
+DEMO_FILTER = (
+    ("Find the note that mentions milk and tell me its title.", "groceries",
+     '{"feasible": true, "reason": "search finds notes by word and shows their titles"}'),
+    ("Email the groceries note to alice@example.com.", "the email is sent",
+     '{"feasible": false, "reason": "the notes app has no operation that sends email"}'),
+)
+
+RETRY_FEEDBACK = "Your reply could not be used: {error}. Reply again with only the JSON described above."
