@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import sys
+from pathlib import Path
 
 import hydra
 from omegaconf import DictConfig, open_dict
@@ -34,6 +35,9 @@ def prepare_config(cfg: DictConfig) -> DictConfig:
     with open_dict(cfg):
         cfg.actor_rollout_ref.model.path = str(resolve_model_path(str(cfg.actor_rollout_ref.model.path)))
         cfg.agent_flow.dump.dir = str(rollout_dump_dir(settings.agent_flow.dump.dir, str(cfg.trainer.default_local_dir)))
+        # Ray actors need not share the driver's working directory: pin the task manager's files here.
+        for key in ("synthetic_tasks_path", "checkpoint_path"):
+            cfg.task_manager[key] = str(Path(str(cfg.task_manager[key])).expanduser().resolve())
     return cfg
 
 

@@ -151,7 +151,7 @@ def main() -> None:
     with torch.no_grad():
         first = samples[: args.micro_batch]
         diff = max((a - b).abs().max().item() for a, b in zip(response_logprobs(model, first, False),
-                                                             response_logprobs(model, first, True)))
+                                                             response_logprobs(model, first, True), strict=True))
     model.train()
 
     results = {}

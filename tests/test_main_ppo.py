@@ -25,7 +25,9 @@ from training_fixture import load_safetensors, training_command, training_env
 
 from agentevolver.models import resolve_model_path
 from agentevolver.module.agent_flow import read_rollout_dump
+from agentevolver.module.task_manager import write_objectives
 from agentevolver.module.trainer.tracking import read_metrics
+from agentevolver.schema import Task, TaskObjective
 
 #: Ray prefixes the lines an actor prints with "(ActorName pid=123) " (coloured on a terminal).
 RAY_PREFIX = re.compile(r"^(\x1b\[[0-9;]*m)?\(\w+ pid=\d+[^)]*\)(\x1b\[[0-9;]*m)? ")
@@ -101,3 +103,27 @@ def test_adca_labels_steps_through_the_training_entry(service: str, tmp_path: Pa
     for step in (1, 2):
         records = list(read_rollout_dump(tmp_path / "run" / "rollouts" / f"step_{step}.jsonl"))
         assert [r["step_flags"] for r in records] == [[True]] * 4  # lottery episodes have one step
+
+
+def test_synthetic_tasks_are_trained_on_and_graded_by_the_llm_grader(service: str, tmp_path: Path,
+                                                                     scripted_llm) -> None:
+    """The training mixture takes synthetic tasks from task_manager.synthetic_tasks_path; their episodes are
+    scored by the `llm` grader (the task_grader role, a scripted judge here), the originals by the env."""
+    synthetic = [TaskObjective(task=Task(task_id=f"{seed}~syn-{i}", env_type="lottery", query=f"Win round {i}",
+                                         evaluator="llm"), seed_task_id=seed)
+                 for i, seed in enumerate(["t0", "t1"])]
+    tasks_file = write_objectives(tmp_path / "synthetic.jsonl", synthetic)
+    scripted_llm.respond_with(lambda body: '{"relevance": 1, "success": 1, "efficiency": 0.5, "reason": "ok"}')
+    done = train(service, tmp_path, f"task_manager.synthetic_tasks_path={tasks_file}",
+                 "task_manager.mixture.synthetic_data_ratio=1.0", "data.train_max_samples=2",
+                 f"llm.endpoints.local.base_url={scripted_llm.base_url}",
+                 f"llm.endpoints.local.model={SCRIPTED_MODEL}", "trainer.save_freq=-1")
+    assert done.returncode == 0, (done.stdout + done.stderr)[-6000:]
+    records = [r for step in (1, 2) for r in read_rollout_dump(tmp_path / "run" / "rollouts" / f"step_{step}.jsonl")]
+    graded = [r for r in records if r["reward"]["description"].startswith("llm grader")]
+    assert len(records) == 8 and len(graded) == 4  # 2 synthetic + 2 original tasks, 2 episodes each
+    assert {r["reward"]["outcome"] for r in graded} == {0.75}  # 1 x 1 x (0.5 + 0.5 x 0.5)
+    assert sorted(next(m["content"] for m in r["messages"] if m["role"] == "user") for r in graded) == [
+        "Win round 0", "Win round 0", "Win round 1", "Win round 1"]  # the synthetic query replaced the seed's
+    assert len(scripted_llm.requests) == 4  # one grading request per synthetic episode, none for the originals
+    assert all(r["reward"]["description"].startswith("environment score") for r in records if r not in graded)

@@ -46,6 +46,8 @@ _CACHE_LOCK = threading.Lock()
 _ENV_CLIENTS: dict[str, EnvClient] = {}
 #: config key -> (server manager, tokenizer, flow); the first two are kept to check identity on reuse.
 _FLOWS: dict[str, tuple[Any, Any, AgentFlow]] = {}
+#: Grader pools (synthetic tasks' LLM graders) per task_manager + llm config, one per worker process.
+_GRADERS: dict[str, Any] = {}
 
 
 class _FirstOnly(logging.Filter):
@@ -111,6 +113,19 @@ def _shared_flow(config: DictConfig, server_manager: Any, tokenizer: Any) -> Age
     return flow
 
 
+def _shared_grader_pool(config: DictConfig) -> Any:
+    """One grader pool per worker process and config: synthetic tasks name an LLM grader, and its client
+    (connection pool, concurrency limit) is shared by every episode of the process."""
+    from agentevolver.module.task_manager.graders import GraderPool
+
+    key = json.dumps({name: _plain(config[name]) for name in ("task_manager", "llm")}, sort_keys=True, default=str)
+    with _CACHE_LOCK:
+        pool = _GRADERS.get(key)
+        if pool is None:
+            pool = _GRADERS[key] = GraderPool.from_config(config)
+        return pool
+
+
 def episode_spec_from_row(row: Mapping[str, Any]) -> EpisodeSpec:
     """The episode of one dataset row (see the module docstring); errors name the missing field."""
     task = row.get("task")
@@ -137,6 +152,10 @@ class AgentEvolverAgentLoop(AgentLoopBase):
     async def run(self, sampling_params: dict[str, Any], **kwargs: Any) -> AgentLoopOutput:
         spec = episode_spec_from_row(kwargs)
         result = await self.flow.run(spec, sampling_params)
+        if spec.metadata.get("evaluator", "env") != "env":  # a synthetic task: its own grader scores it
+            from agentevolver.module.task_manager.graders import agrade_episode
+
+            result = await agrade_episode(result, spec, _shared_grader_pool(self.config))
         return to_agent_loop_output(result, self.tokenizer)
 
 

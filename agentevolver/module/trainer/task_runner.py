@@ -20,18 +20,11 @@ logger = logging.getLogger(__name__)
 
 
 def build_datasets(config: DictConfig) -> tuple[Any, Any]:
-    """Train and validation :class:`TaskDataset` from the environment service's splits."""
-    from agentevolver.client.env_client import EnvClient
-    from agentevolver.module.trainer.task_dataset import TaskDataset, tasks_from_env_service
+    """Train (the mixture task manager: env train split + synthetic tasks) and validation (original tasks
+    only) :class:`TaskDataset` of the run (:func:`~.task_dataset.build_task_datasets`)."""
+    from agentevolver.module.trainer.task_dataset import build_task_datasets
 
-    section = config.env_service
-    params = OmegaConf.to_container(section.create_params, resolve=True)
-    with EnvClient.from_config(section) as env:
-        train = tasks_from_env_service(env, section.env_type, section.train_split,
-                                       int(config.data.get("train_max_samples", -1)), params)
-        val = tasks_from_env_service(env, section.env_type, section.val_split,
-                                     int(config.data.get("val_max_samples", -1)), params)
-    return TaskDataset(train, name="train"), TaskDataset(val, name="validation")
+    return build_task_datasets(config)
 
 
 @ray.remote
