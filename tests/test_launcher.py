@@ -1,7 +1,7 @@
 """The launcher (``python launcher.py``): services from the config, run record, training, clean shutdown.
 
 Every launch here is the real ``launcher.py`` in a subprocess, starting the real environment service (with
-the test environments of ``envs_for_tests``) on free ports. The slow end-to-end test runs one real
+the test environments of ``envs_for_tests``) on free ports. The end-to-end test runs one real
 ``tiny-test`` training step through ``agentevolver.main_ppo`` next to the env and memory services. The
 fast ones replace only the trainer, at the edge, by the stand-in at the bottom of this file (run as
 ``--target test_launcher``), to check exit codes, Ctrl-C and escalation in seconds. After every launch:
@@ -259,7 +259,6 @@ def test_ctrl_c_stops_everything_it_started(tmp_path: Path, stubborn: bool) -> N
 
 # -- end to end ---------------------------------------------------------------------------------------------
 
-@pytest.mark.slow
 def test_launcher_trains_one_step_with_env_and_memory_services(tmp_path: Path) -> None:
     from training_fixture import training_command
 
