@@ -397,14 +397,27 @@ def test_self_clip_without_a_clipper_is_a_config_error() -> None:
 
 async def test_experience_and_synthetic_query_shape_the_prompt(env: EnvClient) -> None:
     policy = ScriptedPolicy(["bye"])
-    episode = spec(query="say bye please", experience="\n\nTip: saying bye ends it.", exp_mask=True)
+    episode = spec(query="say bye please", experience="\n\nTip: saying bye ends it.")
     result = await run_one(make_flow(env, policy), episode)
     prompt = tokenizer().decode(policy.calls[0]["prompt_ids"])
     assert "say bye please" in prompt and "task t0" not in prompt and "Tip: saying bye" in prompt
     sample = result.final_sample
     start, end = sample.extras["experience_span"]
     assert tokenizer().decode(sample.prompt_ids[start:end]) == "\n\nTip: saying bye ends it."
-    assert sample.exp_mask is True
+    assert sample.exp_mask is False  # kept: trained in the context it was generated in
+    assert result.metrics["exp/injected"] == 1.0 and result.metrics["exp/stripped"] == 0.0
+
+
+async def test_discarded_experience_is_stripped_from_the_trained_prompt(env: EnvClient) -> None:
+    guided, plain = ScriptedPolicy(["bye"]), ScriptedPolicy(["bye"])
+    stripped = await run_one(make_flow(env, guided), spec(
+        query="say bye please", experience="\n\nTip: saying bye ends it.", train_mode="discard"))
+    without = await run_one(make_flow(env, plain), spec(query="say bye please"))
+    assert "Tip: saying bye" in tokenizer().decode(guided.calls[0]["prompt_ids"])  # generated with it
+    sample, reference = stripped.final_sample, without.final_sample
+    assert sample.prompt_ids == reference.prompt_ids  # trained without it, token for token
+    assert sample.response_ids == reference.response_ids
+    assert sample.exp_mask is True and stripped.metrics["exp/stripped"] == 1.0
 
 
 # ----------------------------------------------------------------------------------------- many episodes, dumps

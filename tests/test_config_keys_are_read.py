@@ -18,11 +18,7 @@ from agentevolver.config import PROJECT_SECTIONS, compose_config
 from agentevolver.paths import REPO_ROOT
 
 #: key-path prefix -> the issue whose module reads those keys (delete the entry when it lands).
-PENDING: dict[str, str] = {
-    "exp_manager": "Self-Navigating (issue 8)",
-    "memory": "Self-Navigating (issue 8)",
-    "llm.roles.exp_summarizer": "Self-Navigating (issue 8)",
-}
+PENDING: dict[str, str] = {}
 
 #: Modules that declare the schema; a name appearing there does not mean anything reads it.
 DECLARATIONS = {

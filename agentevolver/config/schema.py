@@ -123,6 +123,7 @@ class ExpManagerSection(_Section):
     experience_template: str
     off_cliprange_high: float = Field(gt=0.0)
     init_exp_before_training: bool
+    init_exp_max_tasks: int | None = Field(ge=1)
     init_exp_only: bool
     summary_batch_size: int = Field(ge=1)
     seed: int
@@ -143,6 +144,8 @@ class MemorySection(_Section):
     enable_context_generator: bool
     retrieve_top_k: int = Field(ge=1)
     updated_freq: int = Field(ge=0)
+    timeout_s: float = Field(gt=0.0)
+    max_retries: int = Field(ge=0)
 
 
 class AdcaGrpoSection(_Section):

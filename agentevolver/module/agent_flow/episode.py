@@ -28,9 +28,11 @@ TERMINATIONS: tuple[str, ...] = ("finished", "max_steps", "budget", "env_error",
 class EpisodeSpec(BaseModel):
     """One episode to run: the task and what this rollout of it carries.
 
-    ``group_id`` groups the ``rollout.n`` episodes of a task (GRPO's group); ``experience`` is retrieved text
-    appended to the task message (Self-Navigating); ``exp_mask`` marks a sample whose training context will
-    differ from its generation context; ``tool_selection`` picks local tools (None = all, [] = none).
+    ``group_id`` groups the ``rollout.n`` episodes of a task (GRPO's group). Self-Navigating: ``experience``
+    is text appended to the task message as given; ``add_experience`` asks the flow's retriever for the
+    task's experience instead (the trainer's experience plan sets it); ``train_mode`` ``discard`` strips the
+    experience from the trained samples (their ``exp_mask`` is then True: trained in a context other than
+    the one they were generated in). ``tool_selection`` picks local tools (None = all, [] = none).
     """
 
     model_config = ConfigDict(extra="forbid", arbitrary_types_allowed=True)
@@ -41,7 +43,8 @@ class EpisodeSpec(BaseModel):
     group_id: str = Field(min_length=1)
     rollout_id: int = Field(default=0, ge=0)
     experience: str | None = None
-    exp_mask: bool = False
+    add_experience: bool = False
+    train_mode: Literal["keep", "discard"] = "keep"
     tool_selection: Any = None
     env_params: dict[str, Any] = Field(default_factory=dict)
     metadata: dict[str, Any] = Field(default_factory=dict)
@@ -108,7 +111,7 @@ class EpisodeResult(BaseModel):
 def _token_fields(sample: Sample | None) -> dict[str, Any]:
     if sample is None:
         return {"prompt_ids": [], "response_ids": [], "response_mask": [], "response_logprobs": None,
-                "step_ids": [], "exp_mask": False, "experience_span": None}
+                "step_ids": [], "exp_mask": False, "experience_span": None, "experience_span_generated": None}
     return {
         "prompt_ids": sample.prompt_ids,
         "response_ids": sample.response_ids,
@@ -117,4 +120,6 @@ def _token_fields(sample: Sample | None) -> dict[str, Any]:
         "step_ids": sample.step_ids,
         "exp_mask": sample.exp_mask,
         "experience_span": sample.extras.get("experience_span"),
+        # Where the experience was in the prompt the tokens were generated from (stripped samples only).
+        "experience_span_generated": sample.extras.get("experience_span_generated"),
     }

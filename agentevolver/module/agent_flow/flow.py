@@ -115,8 +115,12 @@ class AgentFlow:
         max_response_len: int | None = None,
         tool_registry: ToolRegistry | None = None,
         clipper: Any = None,
+        retriever: Any = None,
     ) -> None:
         self.config = config
+        #: Self-Navigating's :class:`~agentevolver.module.exp_manager.retriever.ExperienceRetriever` (None =
+        #: episodes marked ``add_experience`` run without experience).
+        self.retriever = retriever
         self.tokenizer = tokenizer
         self.env = env_client
         self.generate = generate
@@ -157,7 +161,8 @@ class AgentFlow:
                 prompt_tools = (schemas or None) if self.config.tools.schemas_in_prompt else None
                 cm = make_context_manager(self.config.context_template, self.tokenizer, self.context_config,
                                           tools=prompt_tools, llm=self.clipper)
-                cm.start(self._initial_messages(created.state, spec), experience=spec.experience)
+                initial = self._initial_messages(created.state, spec)
+                cm.start(initial, experience=await self._experience(spec, initial, state))
                 termination, error = await self._loop(cm, tools, schemas, instance_id, sampling_params,
                                                       request_id, state)
                 if termination != "env_error":
@@ -303,6 +308,18 @@ class AgentFlow:
                               "(agent_flow.tool_modules); rename the local tool(s)")
         return [*env_tools, *local]
 
+    async def _experience(self, spec: EpisodeSpec, initial: list[ChatMessage], state: _EpisodeState) -> str | None:
+        """The experience text of this episode: the spec's own, or retrieved for its task when the plan says
+        so (Self-Navigating); a failed retrieval means none, counted in ``exp/retrieve_errors``."""
+        experience = spec.experience
+        if experience is None and spec.add_experience and self.retriever is not None:
+            retrieval = await self.retriever.for_episode(spec.group_id, initial)
+            state.timers["memory_s"] += retrieval.seconds
+            state.counts["exp_retrieve_errors"] += retrieval.error is not None
+            experience = retrieval.experience
+        state.counts["exp_injected"] += experience is not None
+        return experience
+
     @staticmethod
     def _initial_messages(state: list[ChatMessage], spec: EpisodeSpec) -> list[ChatMessage]:
         """The environment's opening messages; a task with its own query replaces the last user message."""
@@ -353,7 +370,7 @@ class AgentFlow:
         tool_metrics: dict[str, float],
     ) -> EpisodeResult:
         metrics: dict[str, float] = {f"time/{k}": float(v) for k, v in state.timers.items()}
-        metrics.update({f"episode/{k}": float(v) for k, v in state.counts.items()})
+        metrics.update({f"episode/{k}": float(v) for k, v in state.counts.items() if not k.startswith("exp_")})
         metrics["episode/env_reward_sum"] = float(sum(state.env_rewards))
         metrics.update(tool_metrics)
         samples, messages, num_turns = [], [], 0
@@ -362,10 +379,13 @@ class AgentFlow:
             num_turns = cm.num_turns
             extras = {"termination": termination}
             samples = cm.to_samples(task_id=spec.task_id, group_id=spec.group_id, rollout_id=spec.rollout_id,
-                                    reward=reward, exp_mask=spec.exp_mask, extras=extras)
+                                    reward=reward, strip_experience=spec.train_mode == "discard", extras=extras)
+            metrics["exp/injected"] = float(state.counts["exp_injected"] > 0)
+            metrics["exp/stripped"] = float(any(sample.exp_mask for sample in samples))
             final = [ContextMessage(m, Author.ENV, step=num_turns - 1, in_context=False)
                      for m in state.final_observation]
             messages = [message.to_dict() for message in [*cm.messages, *final]]
+        metrics["exp/retrieve_errors"] = float(state.counts["exp_retrieve_errors"])
         return EpisodeResult(
             task_id=spec.task_id, env_type=spec.env_type, group_id=spec.group_id, rollout_id=spec.rollout_id,
             instance_id=instance_id, termination=termination, error=error, num_turns=num_turns, reward=reward,

@@ -93,7 +93,7 @@ def _shared_env_client(section: Any) -> EnvClient:
 
 def _shared_flow(config: DictConfig, server_manager: Any, tokenizer: Any) -> AgentFlow:
     """One :class:`AgentFlow` per worker process, config, server manager and tokenizer."""
-    sections = {name: _plain(config[name]) for name in ("agent_flow", "env_service", "llm")}
+    sections = {name: _plain(config[name]) for name in ("agent_flow", "env_service", "llm", "memory", "exp_manager")}
     key = json.dumps({**sections, **flow_budgets(config)}, sort_keys=True, default=str)
     with _CACHE_LOCK:
         cached = _FLOWS.get(key)
@@ -106,11 +106,21 @@ def _shared_flow(config: DictConfig, server_manager: Any, tokenizer: Any) -> Age
         env_client=_shared_env_client(config.env_service),
         generate=server_manager.generate,
         clipper=clipper_for(flow_config, config.llm),
+        retriever=_retriever_for(config),
         **flow_budgets(config),
     )
     with _CACHE_LOCK:
         _FLOWS[key] = (server_manager, tokenizer, flow)
     return flow
+
+
+def _retriever_for(config: DictConfig) -> Any:
+    """Self-Navigating's experience retriever when the run retrieves experience (memory.enable_context_generator)."""
+    if not bool(config.memory.enable_context_generator):
+        return None
+    from agentevolver.module.exp_manager.retriever import ExperienceRetriever
+
+    return ExperienceRetriever.from_config(config)
 
 
 def _shared_grader_pool(config: DictConfig) -> Any:
@@ -138,6 +148,10 @@ def episode_spec_from_row(row: Mapping[str, Any]) -> EpisodeSpec:
     fields.setdefault("group_id", str(row.get("uid") or fields.get("task_id") or "group"))
     if row.get("rollout_id") is not None:
         fields["rollout_id"] = int(row["rollout_id"])
+    if row.get("exp_add") is not None:  # Self-Navigating's plan (agentevolver.module.exp_manager.manager)
+        fields["add_experience"] = bool(row["exp_add"])
+    if row.get("exp_train_mode") is not None:
+        fields["train_mode"] = str(row["exp_train_mode"])
     return EpisodeSpec.model_validate(fields)
 
 

@@ -10,7 +10,7 @@ The agent flow drives it per episode::
         cm.add_generation(out.token_ids, out.log_probs, step=k)
         ... env.step / tools ...
         cm.add_observation(observation_messages)
-    samples = cm.to_samples(task_id=..., group_id=...)
+    samples = cm.to_samples(task_id=..., group_id=..., strip_experience=discard_experience)
 
 Subclasses only decide *what the model sees next* (:meth:`ContextManager.build_context`); this class turns
 that into ids (via :class:`ContextRenderer`), appends them to the current sample when they extend it or
@@ -110,8 +110,8 @@ class ContextManager(ABC):
         """Record the environment's opening messages (plus experience text appended to the last one) and
         return the first prompt's ids, generation header included.
 
-        The experience is tokenised as its own span and recorded (``ContextResult.experience_span``) so a
-        later stage can strip it from the trained prompt.
+        The experience is tokenised as its own span and recorded (``ContextResult.experience_span``);
+        ``results(strip_experience=True)`` re-renders each prompt without it for training.
         """
         self._expect("new", "start()")
         chat = [as_chat_message(message) for message in messages]
@@ -251,19 +251,29 @@ class ContextManager(ABC):
         return out
 
     # ------------------------------------------------------------------ output
-    def results(self) -> list[ContextResult]:
+    def results(self, strip_experience: bool = False) -> list[ContextResult]:
         """One result per sample: every sequence that holds at least one generation, in order.
 
         An episode without any generation still yields its prompt as one result (empty response), so the
         caller always has a sample to account for the episode.
+
+        ``strip_experience`` (Self-Navigating's "discard" mode): every result whose prompt holds the
+        injected experience gets that prompt rendered again from its own messages without the experience
+        item (see :meth:`_strip_experience` for why re-rendering); its response is returned untouched and
+        the result is marked (``experience_stripped``, ``experience_span_generated``). Results without
+        experience are returned as they are: their training context is their generation context.
         """
         finished = [t for t in self._timelines if t.num_generations] or self._timelines[:1]
         with_logprobs = bool(self._with_logprobs)
-        return [timeline.result(with_logprobs, index) for index, timeline in enumerate(finished)]
+        results = [timeline.result(with_logprobs, index) for index, timeline in enumerate(finished)]
+        if strip_experience:
+            results = [self._strip_experience(timeline, result)
+                       for timeline, result in zip(finished, results, strict=True)]
+        return results
 
-    def result(self) -> ContextResult:
+    def result(self, strip_experience: bool = False) -> ContextResult:
         """The single result of an episode; raises when the manager produced several (use :meth:`results`)."""
-        results = self.results()
+        results = self.results(strip_experience)
         if len(results) != 1:
             raise ValueError(f"context manager {self.name!r} produced {len(results)} samples for this episode; "
                              "use results() / to_samples()")
@@ -276,20 +286,26 @@ class ContextManager(ABC):
         group_id: str,
         rollout_id: int = 0,
         reward: Reward | None = None,
-        exp_mask: bool = False,
+        strip_experience: bool = False,
         extras: dict[str, Any] | None = None,
     ) -> list[Sample]:
-        """Validated samples of the episode (all share task, group, rollout id and reward)."""
-        results = self.results()
+        """Validated samples of the episode (all share task, group, rollout id and reward).
+
+        ``strip_experience=True`` trains on prompts without the injected experience (see :meth:`results`);
+        each sample's ``exp_mask`` is then True exactly when its prompt had experience to strip, i.e. when
+        its training context differs from the context the policy generated in.
+        """
+        results = self.results(strip_experience)
         common = {"context_manager": self.name, "num_samples": len(results), **(extras or {})}
         return [
             result.to_sample(task_id=task_id, group_id=group_id, rollout_id=rollout_id, reward=reward,
-                             exp_mask=exp_mask, extras=common)
+                             extras=common)
             for result in results
         ]
 
     def to_sample(self, **fields: Any) -> Sample:
-        """The single sample of an episode (see :meth:`result`); takes :meth:`to_samples`' keywords."""
+        """The single sample of an episode (see :meth:`result`); takes :meth:`to_samples`' keywords
+        (``strip_experience`` included)."""
         samples = self.to_samples(**fields)
         if len(samples) != 1:
             raise ValueError(f"context manager {self.name!r} produced {len(samples)} samples for this episode; "
@@ -384,7 +400,39 @@ class ContextManager(ABC):
         return None
 
     def _fresh_timeline(self, rendered: RenderedContext) -> Timeline:
-        """A new sample whose prompt is ``rendered``: policy messages in it are history, not trained here."""
+        """A new sample whose prompt is ``rendered``: policy messages in it are history, not trained here.
+
+        The rendered items are kept as they are (``prompt_messages``) so the prompt can be rendered again
+        without the experience; every context is rendered with the generation header (``next_context``).
+        """
         items = [m.replace(author=Author.LLM_DO_NOT_TRAIN) if m.author is Author.LLM else m for m in rendered.items]
-        return Timeline(prompt_ids=list(rendered.ids), messages=items,
-                        experience_span=rendered.span_of(Author.EXPERIENCE))
+        return Timeline(prompt_ids=list(rendered.ids), messages=items, prompt_messages=tuple(rendered.items),
+                        experience_span=rendered.span_of(Author.EXPERIENCE), prompt_generation_header=True)
+
+    def _strip_experience(self, timeline: Timeline, result: ContextResult) -> ContextResult:
+        """``result`` with its prompt rendered again from the timeline's prompt messages minus the experience.
+
+        Why re-render and not edit what was generated with: a regex over decoded text can drift (the
+        experience may contain template-like text such as ``<|im_end|>``, braces or regex metacharacters, and
+        decode/encode is not an identity), and cutting the recorded token span is only right when the
+        template lays out the message the experience was joined to the same way with or without it (true
+        for the ChatML templates we ship, not for a template that trims or inspects contents). Rendering
+        the same messages without the experience item, through the same renderer and template with the
+        same generation header, gives by construction the prompt that an episode without experience would
+        have had, given the same generations and observations. The span cut is still computed as a consistency check and a mismatch is logged at DEBUG;
+        the re-rendered ids are used either way. A prompt without experience is returned as it is.
+        """
+        if timeline.experience_span is None:
+            return result
+        stripped = self.renderer.render(timeline.prompt_messages_without_experience(),
+                                        add_generation_prompt=timeline.prompt_generation_header).ids
+        start, end = timeline.experience_span
+        cut = timeline.prompt_ids[:start] + timeline.prompt_ids[end:]
+        if stripped != cut:
+            first = next((i for i, (a, b) in enumerate(zip(stripped, cut, strict=False)) if a != b),
+                         min(len(stripped), len(cut)))
+            logger.debug("%s: sample %d: the re-rendered prompt without experience (%d tokens) differs from "
+                         "the prompt with its experience span [%d, %d) cut (%d tokens) from token %d on; "
+                         "the chat template lays out the host message differently without it. Using the "
+                         "re-rendered prompt.", self.name, result.index, len(stripped), start, end, len(cut), first)
+        return result.without_experience(stripped)

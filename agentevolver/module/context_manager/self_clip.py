@@ -111,7 +111,9 @@ class SelfClipContextManager(ContextManager):
 
     def _clipper_messages(self, start: int, end: int) -> list[dict[str, str]]:
         """The archivist's prompt: the task, the previous summary, and the turns to archive as markdown."""
-        task = "\n\n".join(m.content for m in self.initial if m.role != "system")
+        # Injected experience is left out: an archive that paraphrased it would survive stripping.
+        task = "\n\n".join(m.content for m in self.initial
+                           if m.role != "system" and m.author is not Author.EXPERIENCE)
         parts = [f"# Task\n{task}"]
         if self._summary:
             parts.append(f"# Summary so far\n{self._summary}")

@@ -6,14 +6,22 @@ a manager rewrites history (stripped thoughts, a memory summary, an archive), th
 such an extension; the current timeline is closed and a new one starts with the new context as its
 prompt. So every sample is exactly one sequence the model read and wrote, and every generated token is
 trained once, in the sample whose prompt is what the model actually saw when it generated that token.
+
+Experience stripping (Self-Navigating's "discard" mode): a timeline keeps the messages its prompt was
+rendered from (:attr:`Timeline.prompt_messages`), so the context manager can render that prompt again
+without the injected experience (:meth:`ContextResult.without_experience` takes the re-rendered ids). Only
+the prompt changes; the response (generated ids, observation chunks, masks, logprobs, step ids) is kept
+token for token, because the experience is only ever part of a prompt: every manager puts the opening
+messages, and the experience joined to them, at the start of every context.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
-from agentevolver.module.context_manager.messages import ContextMessage
+from agentevolver.module.context_manager.messages import Author, ContextMessage
 from agentevolver.schema.sample import Sample
 from agentevolver.schema.trajectory import Reward
 
@@ -22,11 +30,19 @@ __all__ = ["ContextResult", "Timeline"]
 
 @dataclass
 class Timeline:
-    """A prompt plus an interleaved response: policy tokens (mask 1) and observation tokens (mask 0)."""
+    """A prompt plus an interleaved response: policy tokens (mask 1) and observation tokens (mask 0).
+
+    ``messages`` is the conversation as a record (policy turns in the prompt re-authored as history; it grows
+    with the response); ``prompt_messages`` are the items ``prompt_ids`` were rendered from, exactly as the
+    renderer got them, and ``prompt_generation_header`` whether that rendering ended with the template's
+    generation header, so the prompt can be rendered again (e.g. without the experience) to the same layout.
+    """
 
     prompt_ids: list[int]
     messages: list[ContextMessage]
+    prompt_messages: tuple[ContextMessage, ...]
     experience_span: tuple[int, int] | None = None
+    prompt_generation_header: bool = True
     response_ids: list[int] = field(default_factory=list)
     response_mask: list[int] = field(default_factory=list)
     response_logprobs: list[float] = field(default_factory=list)
@@ -54,13 +70,27 @@ class Timeline:
         return (len(ids) >= n_all and ids[:n_prompt] == self.prompt_ids
                 and ids[n_prompt:n_all] == self.response_ids)
 
+    def prompt_messages_without_experience(self) -> list[ContextMessage]:
+        """The prompt's items minus the injected experience: what the prompt would have been without it.
+
+        The experience is a ``join_previous`` span appended to an opening message, so dropping the item leaves
+        that message (and any other span joined to it, e.g. ``linear_think``'s hint) exactly as it was.
+        """
+        return [item for item in self.prompt_messages if item.author is not Author.EXPERIENCE]
+
     def append_observation(self, ids: list[int], messages: list[ContextMessage]) -> None:
-        """Context tokens (template closings, observations, headers): mask 0, logprob 0.0, step -1."""
+        """Context tokens (template closings, observations, headers): mask 0, logprob 0.0, step -1.
+
+        ``messages`` is the whole context just rendered; policy turns that were already in this sample's
+        prompt stay authored as history (they are trained in the sample that generated them, not here).
+        """
         self.response_ids += ids
         self.response_mask += [0] * len(ids)
         self.response_logprobs += [0.0] * len(ids)
         self.step_ids += [-1] * len(ids)
-        self.messages = list(messages)
+        history = {id(item) for item in self.prompt_messages if item.author is Author.LLM}
+        self.messages = [item.replace(author=Author.LLM_DO_NOT_TRAIN) if id(item) in history else item
+                         for item in messages]
 
     def append_generation(self, ids: list[int], logprobs: list[float] | None, step: int,
                           message: ContextMessage) -> None:
@@ -99,7 +129,13 @@ class ContextResult:
 
     ``messages`` is the conversation this sample renders (what the model saw at its last turn plus what it
     generated), each with its author; ``experience_span`` is ``[start, end)`` of the injected experience in
-    ``prompt_ids`` (None when there is none), for stripping it before the update.
+    ``prompt_ids`` (None when there is none).
+
+    A result whose experience was stripped (:meth:`without_experience`, via
+    ``ContextManager.results(strip_experience=True)``) has the re-rendered prompt in ``prompt_ids``,
+    ``experience_span`` None, no experience item in ``messages``, and ``experience_span_generated`` = where
+    the experience was in the prompt the model generated from. Its training context then differs from its
+    generation context, which is what ``Sample.exp_mask`` says (:meth:`to_sample` sets it from this).
     """
 
     prompt_ids: list[int]
@@ -111,6 +147,32 @@ class ContextResult:
     experience_span: tuple[int, int] | None
     num_generations: int
     index: int = 0
+    experience_span_generated: tuple[int, int] | None = None
+
+    def __post_init__(self) -> None:
+        if self.experience_span_generated is not None and self.experience_span is not None:
+            raise ValueError("a result whose experience was stripped has no experience_span left")
+
+    @property
+    def experience_stripped(self) -> bool:
+        """True when ``prompt_ids`` is the re-rendered prompt without the experience the model generated with."""
+        return self.experience_span_generated is not None
+
+    def without_experience(self, prompt_ids: list[int]) -> ContextResult:
+        """This result with ``prompt_ids`` (the prompt re-rendered without the experience) as its prompt.
+
+        The response lists are shared unchanged: the experience lives in the prompt only, and the response
+        is what the policy generated and observed, which stripping must not touch.
+        """
+        if self.experience_span is None:
+            raise ValueError("this result's prompt holds no experience span; there is nothing to strip")
+        return dataclasses.replace(
+            self,
+            prompt_ids=list(prompt_ids),
+            messages=[message for message in self.messages if message.author is not Author.EXPERIENCE],
+            experience_span=None,
+            experience_span_generated=self.experience_span,
+        )
 
     def to_sample(
         self,
@@ -119,13 +181,19 @@ class ContextResult:
         group_id: str,
         rollout_id: int = 0,
         reward: Reward | None = None,
-        exp_mask: bool = False,
         extras: dict[str, Any] | None = None,
     ) -> Sample:
-        """A validated :class:`Sample`; messages and the experience span travel in ``extras``."""
+        """A validated :class:`Sample`; messages and the experience span travel in ``extras``.
+
+        ``exp_mask`` is not a choice here: it is True exactly when the experience was stripped, i.e. when
+        the training context (``prompt_ids``) differs from the context the policy generated in.
+        """
         merged: dict[str, Any] = {
             "messages": [message.to_dict() for message in self.messages],
             "experience_span": list(self.experience_span) if self.experience_span else None,
+            "experience_stripped": self.experience_stripped,
+            "experience_span_generated": (list(self.experience_span_generated)
+                                          if self.experience_span_generated else None),
             "sample_index": self.index,
             "num_generations": self.num_generations,
         }
@@ -139,7 +207,7 @@ class ContextResult:
             response_mask=self.response_mask,
             response_logprobs=self.response_logprobs,
             step_ids=self.step_ids,
-            exp_mask=exp_mask,
+            exp_mask=self.experience_stripped,
             reward=reward if reward is not None else Reward(),
             extras=merged,
         )

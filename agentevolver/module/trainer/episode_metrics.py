@@ -23,6 +23,10 @@ _MEANS = {
     "time/env_s": "episode/time_env_s_mean",
     "time/tool_s": "episode/time_tool_s_mean",
     "time/total_s": "episode/time_total_s_mean",
+    # Self-Navigating: share of episodes that got experience, and of those trained without it (exp_mask).
+    "exp/injected": "exp/injected_share",
+    "exp/stripped": "exp/stripped_share",
+    "time/memory_s": "exp/retrieve_s_mean",
 }
 #: Per-episode counts summed over the batch.
 _SUMS = {
@@ -30,6 +34,8 @@ _SUMS = {
     "episode/parse_errors": "episode/parse_errors",
     "episode/mad_steps": "episode/mad_steps",
     "tool/calls": "episode/tool_calls",
+    # Self-Navigating: retrievals that failed (the memory service was down or answered an error).
+    "exp/retrieve_errors": "exp/retrieve_errors",
 }
 
 
