@@ -7,7 +7,10 @@ Uses the same config as training (model ``actor_rollout_ref.model.path``, sampli
 ``agent_flow``) and the same agent flow, with the CPU generator (transformers) serving generations. The
 episodes go to ``<run dir>/rollouts/step_<N>.jsonl`` (docs/rollout_dumps.md) and a summary table is
 printed. Use it to check a setup before training, to measure a baseline, or to look at what a checkpoint
-does (``actor_rollout_ref.model.path=<checkpoint folder>``).
+does (``actor_rollout_ref.model.path=<checkpoint folder>``). With ``memory.enable_context_generator=true``
+episodes get experience from the memory service as validation rollouts do (``exp_manager.val_rollout_mode``:
+e.g. ``exp_mode=exist_train exp_manager.val_rollout_mode=all memory.workspace_id=<memory>`` measures a
+memory's effect on the policy).
 """
 
 from __future__ import annotations
@@ -47,7 +50,7 @@ async def run_rollout(args: argparse.Namespace, console: Console) -> tuple[list[
     from agentevolver.module.agent_flow.dump import rollout_dump_dir
     from agentevolver.module.agent_flow.flow import clipper_for
     from agentevolver.module.agent_flow.runner import group_specs, run_episodes
-    from agentevolver.module.agent_flow.verl_loop import flow_budgets
+    from agentevolver.module.agent_flow.verl_loop import flow_budgets, retriever_for
     from agentevolver.module.trainer.task_dataset import spread_over, task_rows
 
     cfg, settings = load_config(args.overrides, config_name=args.config_name)
@@ -67,8 +70,10 @@ async def run_rollout(args: argparse.Namespace, console: Console) -> tuple[list[
             raise ConfigError(f"--split {args.split!r} of environment {env_type!r} has no tasks")
         flow = AgentFlow(settings.agent_flow, tokenizer=generator.tokenizer, env_client=env,
                          generate=generator.generate, clipper=clipper_for(settings.agent_flow, settings.llm),
-                         **budgets)
+                         retriever=retriever_for(cfg), **budgets)
         specs = group_specs(task_rows(task_ids, env_type, settings.env_service.create_params), n)
+        if settings.memory.enable_context_generator:
+            specs = _with_experience_plan(specs, settings.exp_manager, args.step)
         sampling = _sampling_params(rollout, args.greedy)
         with Progress(TextColumn("episodes"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                       console=console, transient=True) as progress:
@@ -83,6 +88,18 @@ async def run_rollout(args: argparse.Namespace, console: Console) -> tuple[list[
                                    include_messages=settings.agent_flow.dump.include_messages)
         dump_path = writer.write(args.step, results)
     return results, dump_path
+
+
+def _with_experience_plan(specs: list[Any], exp: Any, step: int) -> list[Any]:
+    """Mark the episodes that get experience, drawn per group like validation rollouts (nothing is trained,
+    so nothing is stripped)."""
+    from agentevolver.module.exp_manager import plan_rows, seeded_rng
+
+    plan = plan_rows([spec.group_id for spec in specs], rollout_mode=exp.val_rollout_mode,
+                     rollout_ratio=exp.rollout_ratio, sample_mode="allkeep", keep_ratio=1.0,
+                     rng=seeded_rng(exp.seed, "val", step))
+    return [spec.model_copy(update={"add_experience": add}) for spec, add in zip(specs, plan.add_experience,
+                                                                                  strict=True)]
 
 
 def summary_table(results: list[Any], seconds: float) -> Table:
@@ -100,6 +117,7 @@ def summary_table(results: list[Any], seconds: float) -> Table:
         ("mean turns", f"{sum(r.num_turns for r in results) / count:.2f}"),
         ("generated tokens", f"{tokens:.0f}"),
         ("episodes / s", f"{len(results) / seconds:.2f}" if seconds > 0 else "-"),
+        ("with experience", str(sum(r.metrics.get("exp/injected", 0.0) > 0 for r in results))),
         ("ended by", ", ".join(f"{k} {v}" for k, v in sorted(ends.items()))),
     ]
     for name, value in rows:

@@ -1,7 +1,7 @@
 """Every monkeypatch this project applies to verl 0.9.1, each behind a guard that fails if verl changed.
 
 verl's registries and entry points cover almost everything (platform, engines, rollout, agent loop, policy
-loss, advantage estimator); these two places have no seam:
+loss, advantage estimator); these three places have no seam:
 
 1. **Process-group backend on CPU** (:func:`apply`, installed by :mod:`agentevolver.verl_plugin` on the ``cpu``
    platform). Patched: ``verl.utils.distributed.initialize_global_process_group_ray(timeout_second=None,
@@ -24,10 +24,22 @@ loss, advantage estimator); these two places have no seam:
    per-step console table) and ``jsonl`` (``<run dir>/metrics.jsonl``) backends and passes every other
    name to verl unchanged.
 
+3. **Extra inputs of the policy loss** (:func:`apply_exp_loss`, installed by :mod:`agentevolver.verl_plugin`
+   right after ``verl.workers.engine_workers`` is imported, on every platform). Patched: the name
+   ``verl.workers.engine_workers.ppo_loss``. verl's ``ppo_loss`` (``verl.workers.utils.losses``) passes a
+   registered policy loss only fixed fields of the batch (old log-probs, advantages, response mask,
+   rollout-IS weights), so Self-Navigating's off-policy loss ``exp_on_off`` cannot see the batch's
+   ``exp_mask`` nor the ``exp_off_cliprange_high`` of its ``meta_info``. The actor worker builds its loss as
+   ``partial(ppo_loss, config=actor_config)`` from the name it imported, so rebinding that name (before the
+   worker's ``init_model``) makes it use :func:`agentevolver.module.exp_manager.loss.exp_aware_ppo_loss`,
+   which publishes both in a context variable for the call and then runs verl's ``ppo_loss`` unchanged (a
+   batch without ``exp_mask`` gets exactly verl's loss). verl's distillation loss (``distillation_ppo_loss``)
+   is not covered. Delete it once verl forwards extra batch fields to the policy loss.
+
 Each ``apply*`` checks first that verl's code still looks as described (signature and the source it relies
 on) and raises :class:`VerlChangedError` otherwise, so a verl upgrade that changes it fails loudly in
-``tests/test_verl_cpu_backend.py`` / ``tests/test_trainer_stages.py`` instead of silently patching
-something else.
+``tests/test_verl_cpu_backend.py`` / ``tests/test_trainer_stages.py`` / ``tests/test_exp_loss.py`` instead
+of silently patching something else.
 """
 
 from __future__ import annotations
@@ -36,10 +48,11 @@ import functools
 import inspect
 import sys
 from collections.abc import Callable
+from types import ModuleType
 from typing import Any
 
-__all__ = ["TARGET", "TRACKING_TARGET", "VerlChangedError", "apply", "apply_tracking", "is_applied",
-           "tracking_is_applied"]
+__all__ = ["EXP_LOSS_TARGET", "TARGET", "TRACKING_TARGET", "VerlChangedError", "apply", "apply_exp_loss",
+           "apply_tracking", "exp_loss_is_applied", "is_applied", "tracking_is_applied"]
 
 #: The patched function, as ``module:attribute``.
 TARGET = "verl.utils.distributed:initialize_global_process_group_ray"
@@ -159,4 +172,64 @@ def apply_tracking() -> bool:
     _check_tracking(tracking.Tracking, RayPPOTrainer.fit)
     setattr(RunTracking, _MARKER, True)
     tracking.Tracking = RunTracking
+    return True
+
+
+# --- 3. extra inputs of the policy loss ---------------------------------------------------------------
+
+#: The rebound name, as ``module:attribute``.
+EXP_LOSS_TARGET = "verl.workers.engine_workers:ppo_loss"
+_PPO_LOSS_PARAMETERS = ("config", "model_output", "data", "dp_group")
+#: What ``engine_workers`` must still contain for the rebound name to be the actor's loss function.
+_ENGINE_WORKERS_SOURCE = "partial(ppo_loss, config=actor_config)"
+
+
+def _check_exp_loss(engine_workers: ModuleType) -> None:
+    ppo_loss = getattr(engine_workers, "ppo_loss", None)
+    if ppo_loss is None:
+        raise VerlChangedError(
+            f"{EXP_LOSS_TARGET} does not exist any more; re-check agentevolver/verl_patches.py (patch 3)."
+        )
+    parameters = tuple(inspect.signature(ppo_loss).parameters)
+    if parameters != _PPO_LOSS_PARAMETERS:
+        raise VerlChangedError(
+            f"{EXP_LOSS_TARGET} now takes {parameters}; the exp-loss patch expects {_PPO_LOSS_PARAMETERS}. "
+            "Re-check agentevolver/verl_patches.py (patch 3) against the installed verl."
+        )
+    try:
+        source = inspect.getsource(engine_workers)
+    except (OSError, TypeError) as err:
+        raise VerlChangedError(
+            f"cannot read the source of {engine_workers.__name__} to check it: {err}"
+        ) from err
+    if _ENGINE_WORKERS_SOURCE not in source:
+        raise VerlChangedError(
+            f"{engine_workers.__name__} no longer contains {_ENGINE_WORKERS_SOURCE!r}: the actor may not "
+            "build its loss from the name ppo_loss any more. Re-check agentevolver/verl_patches.py (patch 3)."
+        )
+
+
+def exp_loss_is_applied() -> bool:
+    """Whether :func:`apply_exp_loss` has rebound ``engine_workers.ppo_loss`` in this process."""
+    import verl.workers.engine_workers as engine_workers
+
+    from agentevolver.module.exp_manager.loss import exp_aware_ppo_loss
+
+    return engine_workers.ppo_loss is exp_aware_ppo_loss
+
+
+def apply_exp_loss() -> bool:
+    """Make verl's actor worker use the exp-aware ``ppo_loss`` (idempotent); True when installed by this call.
+
+    Raises:
+        VerlChangedError: ``engine_workers`` or ``ppo_loss`` differs from what this patch expects.
+    """
+    import verl.workers.engine_workers as engine_workers
+
+    from agentevolver.module.exp_manager.loss import exp_aware_ppo_loss
+
+    if engine_workers.ppo_loss is exp_aware_ppo_loss:
+        return False
+    _check_exp_loss(engine_workers)
+    engine_workers.ppo_loss = exp_aware_ppo_loss
     return True

@@ -13,7 +13,10 @@ It registers:
   and verl's FSDP engines for device ``cpu`` (:mod:`agentevolver.backends.cpu.engine`);
 * the rollout ``hf`` (:mod:`agentevolver.backends.cpu.rollout`): its replica in verl's
   ``RolloutReplicaRegistry`` and its worker-side adapter in verl's rollout-class table;
-* AgentEvolver's agent loop ``agentevolver`` (:mod:`agentevolver.module.agent_flow.verl_loop`).
+* AgentEvolver's agent loop ``agentevolver`` (:mod:`agentevolver.module.agent_flow.verl_loop`);
+* Self-Navigating's policy loss ``exp_on_off`` in verl's policy-loss registry
+  (:mod:`agentevolver.module.exp_manager.loss`), and on every platform the patch that makes verl's actor
+  worker call it with the batch's ``exp_mask`` (:func:`agentevolver.verl_patches.apply_exp_loss`).
 
 Importing verl's engine, rollout or agent-loop modules here, inside ``import verl``, would cost every
 process seconds and risk circular imports. So all but the platform (which must exist before the first
@@ -154,6 +157,18 @@ def _register_agent_loop(module: ModuleType) -> None:
     import agentevolver.module.agent_flow.verl_loop  # noqa: F401  (registers "agentevolver" on import)
 
 
+def _register_exp_loss(module: ModuleType) -> None:
+    from agentevolver.module.exp_manager import loss
+
+    loss.register()
+
+
+def _apply_exp_loss_patch(module: ModuleType) -> None:
+    from agentevolver import verl_patches as patches
+
+    patches.apply_exp_loss()
+
+
 def register_all() -> None:
     """Everything listed in the module docstring; safe to call more than once."""
     cpu = False
@@ -178,6 +193,8 @@ def register_all() -> None:
     when_imported("verl.workers.rollout.replica", _register_hf_replica)
     when_imported("verl.workers.rollout.base", _register_hf_adapter)
     when_imported("verl.experimental.agent_loop", _register_agent_loop)
+    when_imported("verl.trainer.ppo.core_algos", _register_exp_loss)
+    when_imported("verl.workers.engine_workers", _apply_exp_loss_patch)
 
 
 register_all()

@@ -35,7 +35,7 @@ from agentevolver.module.agent_flow.config import AgentFlowConfig
 from agentevolver.module.agent_flow.episode import EpisodeResult, EpisodeSpec
 from agentevolver.module.agent_flow.flow import AgentFlow, clipper_for
 
-__all__ = ["AGENT_LOOP_NAME", "AgentEvolverAgentLoop", "episode_spec_from_row", "flow_budgets"]
+__all__ = ["AGENT_LOOP_NAME", "AgentEvolverAgentLoop", "episode_spec_from_row", "flow_budgets", "retriever_for"]
 
 logger = logging.getLogger(__name__)
 
@@ -106,7 +106,7 @@ def _shared_flow(config: DictConfig, server_manager: Any, tokenizer: Any) -> Age
         env_client=_shared_env_client(config.env_service),
         generate=server_manager.generate,
         clipper=clipper_for(flow_config, config.llm),
-        retriever=_retriever_for(config),
+        retriever=retriever_for(config),
         **flow_budgets(config),
     )
     with _CACHE_LOCK:
@@ -114,7 +114,7 @@ def _shared_flow(config: DictConfig, server_manager: Any, tokenizer: Any) -> Age
     return flow
 
 
-def _retriever_for(config: DictConfig) -> Any:
+def retriever_for(config: DictConfig) -> Any:
     """Self-Navigating's experience retriever when the run retrieves experience (memory.enable_context_generator)."""
     if not bool(config.memory.enable_context_generator):
         return None
