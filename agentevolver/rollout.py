@@ -149,7 +149,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    args = build_parser().parse_intermixed_args(argv)  # options and overrides in any order
     logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
     console = Console()
     if args.num_tasks < 1 or args.concurrency < 1 or (args.n is not None and args.n < 1):

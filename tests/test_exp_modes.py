@@ -184,10 +184,11 @@ def test_rollout_cli_measures_a_memory(env, memory, tmp_path: Path) -> None:
     seed_workspace(memory, "ws-rollout", tmp_path)
     done = subprocess.run(
         [sys.executable, "-m", "agentevolver.rollout", "--config-name", "quickstart", "--split", "val",
-         "--num-tasks", "2", "--n", "2", "--run-dir", str(tmp_path), "actor_rollout_ref.model.path=tiny-test",
+         "--num-tasks", "2", "actor_rollout_ref.model.path=tiny-test",
          f"env_service.env_url={env}", "env_service.env_type=lottery", "env_service.create_params={}",
          "exp_mode=exist_train", "exp_manager.val_rollout_mode=all", f"memory.base_url={memory.url}",
-         "memory.workspace_id=ws-rollout", "agent_flow.max_tokens_per_turn=8"],
+         "memory.workspace_id=ws-rollout", "agent_flow.max_tokens_per_turn=8",
+         "--n", "2", "--run-dir", str(tmp_path)],  # options after overrides work too
         cwd=REPO_ROOT, env={**os.environ, "PYTHONPATH": str(REPO_ROOT)}, capture_output=True, text=True)
     assert done.returncode == 0, done.stdout + done.stderr
     row = next(line for line in done.stdout.splitlines() if "with experience" in line)
