@@ -223,14 +223,16 @@ class ExperienceManager:
                             or k.endswith("_total")})
         return metrics
 
-    def close(self) -> None:
+    def close(self, wait: bool = True) -> None:
         """At the end of the run: let queued summaries finish (the last steps' episodes belong in the memory
-        too; each request is bounded by ``memory.timeout_s``), then report the run's totals."""
+        too; each request is bounded by ``memory.timeout_s``), then report the run's totals. A run that is
+        failing or interrupted passes ``wait=False`` and abandons them instead of delaying its exit."""
         if self._summarizer is not None:
-            self._summarizer.wait()
+            if wait:
+                self._summarizer.wait()
             totals = self._summarizer.totals
             logger.info("Self-Navigating: %d summary requests (%d trajectories), %d failed, %d experiences stored "
                         "in workspace %r", totals["submitted"], totals["trajectories"], totals["failed"],
                         totals["stored"], self.workspace_id)
-            self._summarizer.close()
+            self._summarizer.close(wait_for_pending=False)
         self.client.close()

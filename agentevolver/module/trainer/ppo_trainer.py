@@ -90,14 +90,16 @@ class AgentEvolverTrainer(RayPPOTrainer):
             self._exp.initial_summary(self, rollout_manager)
 
     def fit(self) -> None:
+        finished = False
         try:
             if self._exp is not None and self._exp.exp.init_exp_only:
                 self._build_memory_only()
-                return
-            super().fit()
+            else:
+                super().fit()
+            finished = True
         finally:
             if self._exp is not None:
-                self._exp.close()
+                self._exp.close(wait=finished)  # a failed or interrupted run does not wait on summaries
 
     def _build_memory_only(self) -> None:
         """``init_exp_only``: build the memory from the training tasks and stop (no update, no checkpoint)."""
