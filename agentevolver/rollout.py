@@ -93,11 +93,9 @@ async def run_rollout(args: argparse.Namespace, console: Console) -> tuple[list[
 def _with_experience_plan(specs: list[Any], exp: Any, step: int) -> list[Any]:
     """Mark the episodes that get experience, drawn per group like validation rollouts (nothing is trained,
     so nothing is stripped)."""
-    from agentevolver.module.exp_manager import plan_rows, seeded_rng
+    from agentevolver.module.exp_manager.manager import draw_plan
 
-    plan = plan_rows([spec.group_id for spec in specs], rollout_mode=exp.val_rollout_mode,
-                     rollout_ratio=exp.rollout_ratio, sample_mode="allkeep", keep_ratio=1.0,
-                     rng=seeded_rng(exp.seed, "val", step))
+    plan = draw_plan(exp, [spec.group_id for spec in specs], validate=True, step=step)
     return [spec.model_copy(update={"add_experience": add}) for spec, add in zip(specs, plan.add_experience,
                                                                                   strict=True)]
 

@@ -65,6 +65,14 @@ class VerlChangedError(RuntimeError):
     """verl's patched function no longer looks as this patch expects; re-check whether it is still needed."""
 
 
+def _source(obj: Any, what: str) -> str:
+    """The source of ``obj`` for a guard; a guard that cannot read it cannot vouch for the patch."""
+    try:
+        return inspect.getsource(obj)
+    except (OSError, TypeError) as err:
+        raise VerlChangedError(f"cannot read the source of {what} to check it: {err}") from err
+
+
 def _check(function: Callable[..., Any]) -> None:
     parameters = tuple(inspect.signature(function).parameters)
     if parameters != _EXPECTED_PARAMETERS:
@@ -72,11 +80,7 @@ def _check(function: Callable[..., Any]) -> None:
             f"{TARGET} now takes {parameters}; the CPU patch expects {_EXPECTED_PARAMETERS}. Re-check "
             "agentevolver/verl_patches.py against the installed verl."
         )
-    try:
-        source = inspect.getsource(function)
-    except (OSError, TypeError) as err:
-        raise VerlChangedError(f"cannot read the source of {TARGET} to check it: {err}") from err
-    if _EXPECTED_SOURCE not in source:
+    if _EXPECTED_SOURCE not in _source(function, TARGET):
         raise VerlChangedError(
             f"{TARGET} no longer builds its default backend as {_EXPECTED_SOURCE}; verl may build a valid "
             "string for cpu now. Re-check whether agentevolver/verl_patches.py (patch 1) is still needed."
@@ -137,10 +141,7 @@ def _check_tracking(tracking_cls: type, fit: Callable[..., Any]) -> None:
             f"{TRACKING_TARGET}.__init__ now takes {parameters}; the logger patch expects "
             f"{_TRACKING_PARAMETERS}. Re-check agentevolver/verl_patches.py (patch 2) against the installed verl."
         )
-    try:
-        source = inspect.getsource(fit)
-    except (OSError, TypeError) as err:
-        raise VerlChangedError(f"cannot read the source of RayPPOTrainer.fit to check it: {err}") from err
+    source = _source(fit, "RayPPOTrainer.fit")
     missing = [line for line in _FIT_SOURCE if line not in source]
     if missing:
         raise VerlChangedError(
@@ -196,13 +197,7 @@ def _check_exp_loss(engine_workers: ModuleType) -> None:
             f"{EXP_LOSS_TARGET} now takes {parameters}; the exp-loss patch expects {_PPO_LOSS_PARAMETERS}. "
             "Re-check agentevolver/verl_patches.py (patch 3) against the installed verl."
         )
-    try:
-        source = inspect.getsource(engine_workers)
-    except (OSError, TypeError) as err:
-        raise VerlChangedError(
-            f"cannot read the source of {engine_workers.__name__} to check it: {err}"
-        ) from err
-    if _ENGINE_WORKERS_SOURCE not in source:
+    if _ENGINE_WORKERS_SOURCE not in _source(engine_workers, engine_workers.__name__):
         raise VerlChangedError(
             f"{engine_workers.__name__} no longer contains {_ENGINE_WORKERS_SOURCE!r}: the actor may not "
             "build its loss from the name ppo_loss any more. Re-check agentevolver/verl_patches.py (patch 3)."
@@ -228,7 +223,7 @@ def apply_exp_loss() -> bool:
 
     from agentevolver.module.exp_manager.loss import exp_aware_ppo_loss
 
-    if engine_workers.ppo_loss is exp_aware_ppo_loss:
+    if exp_loss_is_applied():
         return False
     _check_exp_loss(engine_workers)
     engine_workers.ppo_loss = exp_aware_ppo_loss

@@ -93,6 +93,9 @@ class _EpisodeState:
         self.mad = False
         self.env_rewards: list[float] = []
         self.final_observation: list[ChatMessage] = []
+        #: Self-Navigating: the episode got experience; its retrieval failed (reported as ``exp/*``).
+        self.experience_injected = False
+        self.retrieve_errors = 0
 
 
 class AgentFlow:
@@ -315,9 +318,9 @@ class AgentFlow:
         if experience is None and spec.add_experience and self.retriever is not None:
             retrieval = await self.retriever.for_episode(spec.group_id, initial)
             state.timers["memory_s"] += retrieval.seconds
-            state.counts["exp_retrieve_errors"] += retrieval.error is not None
+            state.retrieve_errors += retrieval.error is not None
             experience = retrieval.experience
-        state.counts["exp_injected"] += experience is not None
+        state.experience_injected = experience is not None
         return experience
 
     @staticmethod
@@ -370,7 +373,7 @@ class AgentFlow:
         tool_metrics: dict[str, float],
     ) -> EpisodeResult:
         metrics: dict[str, float] = {f"time/{k}": float(v) for k, v in state.timers.items()}
-        metrics.update({f"episode/{k}": float(v) for k, v in state.counts.items() if not k.startswith("exp_")})
+        metrics.update({f"episode/{k}": float(v) for k, v in state.counts.items()})
         metrics["episode/env_reward_sum"] = float(sum(state.env_rewards))
         metrics.update(tool_metrics)
         samples, messages, num_turns = [], [], 0
@@ -380,12 +383,12 @@ class AgentFlow:
             extras = {"termination": termination}
             samples = cm.to_samples(task_id=spec.task_id, group_id=spec.group_id, rollout_id=spec.rollout_id,
                                     reward=reward, strip_experience=spec.train_mode == "discard", extras=extras)
-            metrics["exp/injected"] = float(state.counts["exp_injected"] > 0)
+            metrics["exp/injected"] = float(state.experience_injected)
             metrics["exp/stripped"] = float(any(sample.exp_mask for sample in samples))
             final = [ContextMessage(m, Author.ENV, step=num_turns - 1, in_context=False)
                      for m in state.final_observation]
             messages = [message.to_dict() for message in [*cm.messages, *final]]
-        metrics["exp/retrieve_errors"] = float(state.counts["exp_retrieve_errors"])
+        metrics["exp/retrieve_errors"] = float(state.retrieve_errors)
         return EpisodeResult(
             task_id=spec.task_id, env_type=spec.env_type, group_id=spec.group_id, rollout_id=spec.rollout_id,
             instance_id=instance_id, termination=termination, error=error, num_turns=num_turns, reward=reward,

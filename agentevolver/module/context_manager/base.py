@@ -407,7 +407,7 @@ class ContextManager(ABC):
         """
         items = [m.replace(author=Author.LLM_DO_NOT_TRAIN) if m.author is Author.LLM else m for m in rendered.items]
         return Timeline(prompt_ids=list(rendered.ids), messages=items, prompt_messages=tuple(rendered.items),
-                        experience_span=rendered.span_of(Author.EXPERIENCE), prompt_generation_header=True)
+                        experience_span=rendered.span_of(Author.EXPERIENCE))
 
     def _strip_experience(self, timeline: Timeline, result: ContextResult) -> ContextResult:
         """``result`` with its prompt rendered again from the timeline's prompt messages minus the experience.
@@ -419,13 +419,12 @@ class ContextManager(ABC):
         for the ChatML templates we ship, not for a template that trims or inspects contents). Rendering
         the same messages without the experience item, through the same renderer and template with the
         same generation header, gives by construction the prompt that an episode without experience would
-        have had, given the same generations and observations. The span cut is still computed as a consistency check and a mismatch is logged at DEBUG;
-        the re-rendered ids are used either way. A prompt without experience is returned as it is.
+        have had, given the same generations and observations. The span cut is still computed as a
+        consistency check and a mismatch is logged at DEBUG; the re-rendered ids are used either way. A prompt without experience is returned as it is.
         """
         if timeline.experience_span is None:
             return result
-        stripped = self.renderer.render(timeline.prompt_messages_without_experience(),
-                                        add_generation_prompt=timeline.prompt_generation_header).ids
+        stripped = self.renderer.render(timeline.prompt_messages_without_experience()).ids
         start, end = timeline.experience_span
         cut = timeline.prompt_ids[:start] + timeline.prompt_ids[end:]
         if stripped != cut:

@@ -34,15 +34,14 @@ class Timeline:
 
     ``messages`` is the conversation as a record (policy turns in the prompt re-authored as history; it grows
     with the response); ``prompt_messages`` are the items ``prompt_ids`` were rendered from, exactly as the
-    renderer got them, and ``prompt_generation_header`` whether that rendering ended with the template's
-    generation header, so the prompt can be rendered again (e.g. without the experience) to the same layout.
+    renderer got them (with the generation header, as every context is), so the prompt can be rendered again
+    (e.g. without the experience) to the same layout.
     """
 
     prompt_ids: list[int]
     messages: list[ContextMessage]
     prompt_messages: tuple[ContextMessage, ...]
     experience_span: tuple[int, int] | None = None
-    prompt_generation_header: bool = True
     response_ids: list[int] = field(default_factory=list)
     response_mask: list[int] = field(default_factory=list)
     response_logprobs: list[float] = field(default_factory=list)

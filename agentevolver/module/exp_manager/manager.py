@@ -35,10 +35,10 @@ from agentevolver.client.http import ServiceClientError
 from agentevolver.client.memory_client import MemoryClient, MemoryClientSettings
 from agentevolver.config.schema import ExpManagerSection, MemorySection
 from agentevolver.errors import ConfigError
-from agentevolver.module.exp_manager.allocation import plan_rows, seeded_rng
+from agentevolver.module.exp_manager.allocation import ExperiencePlan, plan_rows, seeded_rng
 from agentevolver.module.exp_manager.summarizer import BackgroundSummarizer, trajectories_from_records
 
-__all__ = ["ExperienceManager", "check_settings"]
+__all__ = ["ExperienceManager", "check_settings", "draw_plan"]
 
 logger = logging.getLogger(__name__)
 
@@ -71,6 +71,19 @@ def check_settings(exp: ExpManagerSection, memory: MemorySection, loss_mode: str
                         f"actor_rollout_ref.actor.policy_loss.loss_mode={loss_mode!r}: their tokens are trained "
                         "with the on-policy clip; set loss_mode=exp_on_off to use exp_manager.off_cliprange_high")
     return warnings
+
+
+def draw_plan(exp: ExpManagerSection, uids: list[str], *, validate: bool, step: int) -> ExperiencePlan:
+    """The experience plan of one batch of rows grouped by ``uids``: training draws from the train modes,
+    validation (and rollout-only jobs) from ``val_rollout_mode`` and never strips (nothing is trained)."""
+    return plan_rows(
+        uids,
+        rollout_mode=exp.val_rollout_mode if validate else exp.train_rollout_mode,
+        rollout_ratio=exp.rollout_ratio,
+        sample_mode="allkeep" if validate else exp.train_sample_mode,
+        keep_ratio=exp.train_sample_keepratio,
+        rng=seeded_rng(exp.seed, "val" if validate else "train", step),
+    )
 
 
 class ExperienceManager:
@@ -122,8 +135,7 @@ class ExperienceManager:
         A service that is down is a warning (training runs without experience until it answers); a
         workspace that is empty while nothing would ever fill it (``exist_train``) is a configuration error.
         """
-        if not (self.memory.enable_context_generator or self.memory.enable_summarizer
-                or self.exp.init_exp_before_training):
+        if not self.active:
             return
         try:
             count = self.client.workspaces().get(self.workspace_id, 0)
@@ -149,15 +161,7 @@ class ExperienceManager:
         uids = batch.non_tensor_batch.get("uid")
         if uids is None:
             uids = np.array([str(i) for i in range(len(batch))], dtype=object)
-        split = "val" if validate else "train"
-        plan = plan_rows(
-            list(uids),
-            rollout_mode=self.exp.val_rollout_mode if validate else self.exp.train_rollout_mode,
-            rollout_ratio=self.exp.rollout_ratio,
-            sample_mode="allkeep" if validate else self.exp.train_sample_mode,
-            keep_ratio=self.exp.train_sample_keepratio,
-            rng=seeded_rng(self.exp.seed, split, step),
-        )
+        plan = draw_plan(self.exp, list(uids), validate=validate, step=step)
         batch.non_tensor_batch[ADD_COLUMN] = np.array(plan.add_experience, dtype=object)
         batch.non_tensor_batch[TRAIN_MODE_COLUMN] = np.array(plan.train_mode, dtype=object)
         return {"exp/planned_share": plan.guided / max(len(uids), 1)}

@@ -98,9 +98,11 @@ class BackgroundSummarizer:
 
     def drain(self) -> dict[str, float]:
         """Collect finished requests; metrics of what finished since the last call plus running totals."""
-        with self._lock:
-            done = [f for f in self._pending if f.done()]
-            self._pending = [f for f in self._pending if not f.done()]
+        with self._lock:  # one look per future: one that finishes meanwhile is collected next time
+            done, pending = [], []
+            for future in self._pending:
+                (done if future.done() else pending).append(future)
+            self._pending = pending
         finished = failed = stored = 0
         for future in done:
             try:
