@@ -7,6 +7,11 @@ schemas in OpenAI function format). Request models come from ``agentevolver.sche
 client sends, so the two cannot drift. Every error is JSON ``{success: false, error: {code, message,
 field}}`` with a 4xx/5xx status chosen in one place (``install_error_handlers`` of
 :mod:`agentevolver.service_common`, shared with the memory service); no traceback ever leaves.
+
+Compatibility with the reference's clients (table in docs/env_service.md): ``null`` ids, every tool-call
+shape (:func:`env_service.actions.read_action`), the reference's answer shapes by default
+(:mod:`env_service.reference_shape`; ``params.shape: native`` for the environments' own), and a release
+of nothing answering ``success: false`` with 200, the status the reference answers it with.
 """
 
 from __future__ import annotations
@@ -22,16 +27,21 @@ from pydantic import BaseModel, Field
 
 from agentevolver import __version__
 from agentevolver.schema import (
-    ChatMessage,
+    DEFAULT_SHAPE,
+    SHAPE_PARAM,
+    SHAPES,
     CreateRequest,
     EvaluateRequest,
     InstanceRequest,
     ProfileRequest,
+    Shape,
     StepRequest,
 )
 from agentevolver.service_common import error_response, install_error_handlers, read_auth_token, require_token
+from env_service import reference_shape
+from env_service.actions import read_action
 from env_service.base import BaseEnv, Isolation
-from env_service.errors import BadAction, EnvServiceError
+from env_service.errors import EnvServiceError
 from env_service.instances import InstanceManager, ManagerLimits
 
 logger = logging.getLogger(__name__)
@@ -55,7 +65,10 @@ class ServiceSettings(BaseModel):
 _ERROR_ENVELOPE: dict[str, Any] = {"success": False, "data": None}
 #: How the env service words the validation problems its clients meet most.
 _PHRASES = {
-    "extra_forbidden": "unknown field {field!r}; allowed: env_type, task_id, instance_id, messages, params"}
+    "extra_forbidden": "unknown field {field!r}; allowed: env_type, task_id, instance_id, messages, params",
+    "missing": "{field} is required",
+    "string_too_short": "{field} is required (got an empty string or null)",
+}
 
 
 def _error_response(status: int, code: str, message: str, field: str | None = None) -> JSONResponse:
@@ -64,6 +77,15 @@ def _error_response(status: int, code: str, message: str, field: str | None = No
 
 def _ok(data: Any) -> dict[str, Any]:
     return {"success": True, "data": data}
+
+
+def _shape(params: dict[str, Any]) -> tuple[Shape, dict[str, Any]]:
+    """``params.shape`` (default ``reference``) and the params without it (environments never see it)."""
+    shape = params.get(SHAPE_PARAM, DEFAULT_SHAPE)
+    if shape not in SHAPES:
+        raise EnvServiceError(f"params.{SHAPE_PARAM} must be one of {', '.join(SHAPES)}; got {shape!r}",
+                              field=f"params.{SHAPE_PARAM}")
+    return shape, {key: value for key, value in params.items() if key != SHAPE_PARAM}
 
 
 def create_app(settings: ServiceSettings, env_classes: dict[str, type[BaseEnv]]) -> FastAPI:
@@ -127,21 +149,28 @@ def create_app(settings: ServiceSettings, env_classes: dict[str, type[BaseEnv]])
 
     @api.post("/create")
     async def create(body: CreateRequest) -> dict[str, Any]:
-        instance_id, state = await manager.create(body.env_type, body.task_id, body.instance_id, body.params)
+        shape, params = _shape(body.params)
+        instance_id, state = await manager.create(body.env_type, body.task_id, body.instance_id, params)
+        if shape == "reference":
+            state = reference_shape.opening(state, await _tools_of(instance_id, body.env_type))
         return _ok({"state": state, "info": {"instance_id": instance_id, "task_id": body.task_id,
                                              "env_type": body.env_type}})
 
+    async def _tools_of(instance_id: str, env_type: str) -> list[dict[str, Any]] | None:
+        """The instance's tools (a task may expose fewer than its environment's catalogue); None without."""
+        if manager.env_class(env_type).tool_schemas() is None:
+            return None
+        info = await manager.call(instance_id, "info")
+        tools = info.get("tools") if isinstance(info, dict) else None
+        return tools if tools is not None else manager.env_class(env_type).tool_schemas()
+
     @api.post("/step")
     async def step(body: StepRequest) -> dict[str, Any]:
-        try:
-            action = ChatMessage.model_validate(body.messages)
-        except ValueError as err:
-            raise BadAction(f"messages must be one assistant message {{role, content, tool_calls?}}: {err}",
-                            field="messages") from err
-        if action.role != "assistant":
-            raise BadAction(f"messages.role must be 'assistant' (the agent's action); got {action.role!r}",
-                            field="messages.role")
-        return _ok(await manager.call(body.instance_id, "step", action))
+        shape, _ = _shape(body.params)
+        outcome = await manager.call(body.instance_id, "step", read_action(body.messages))
+        if shape == "reference":
+            outcome["state"] = reference_shape.observation(outcome["state"], bool(outcome["is_terminated"]))
+        return _ok(outcome)
 
     @api.post("/evaluate")
     async def evaluate(body: EvaluateRequest) -> dict[str, Any]:
@@ -155,8 +184,13 @@ def create_app(settings: ServiceSettings, env_classes: dict[str, type[BaseEnv]])
         return _ok(await manager.call(body.instance_id, "info"))
 
     @api.post("/release")
-    async def release(body: InstanceRequest) -> dict[str, Any]:
-        return _ok(await manager.release(body.instance_id))
+    async def release(body: InstanceRequest) -> Any:
+        if await manager.release(body.instance_id):
+            return _ok(True)
+        # 200 as the reference answers it: its clients read ``success`` and would retry (or raise on) a 4xx.
+        return _error_response(200, "unknown_instance", f"nothing to release: no live instance "
+                               f"{body.instance_id!r} (never created, already released, or reaped after idling "
+                               f"{settings.idle_timeout_s:g} s)", "instance_id")
 
     @api.get("/stats")
     async def stats() -> dict[str, Any]:

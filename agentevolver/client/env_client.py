@@ -12,7 +12,16 @@ Failure policy, chosen per route by what a retry can break:
   non-terminal ("please retry") when the failure may be transient, terminal with
   ``info["instance_lost"] = True`` when the instance is gone (crashed, hung, reaped), since further steps
   on it cannot succeed;
-* every other failure raises :class:`EnvClientError`, carrying the service's error code and field.
+* every other failure raises :class:`EnvClientError`, carrying the service's error code and field, and a
+  message that leads with the service's own words (``environment service rejected /step:
+  messages.role: ...``);
+* ``release`` of an instance that is not live answers ``success: false`` (``unknown_instance``) and
+  returns False quietly: cleaning up twice is normal.
+
+``create`` and ``step`` ask for this framework's answer shape (``params.shape: native``): every opening
+message (demonstrations as real turns) and one ``tool`` message per tool call, which the context managers
+render with the model's own chat template. Without it the service answers in the reference trainer's shape
+(docs/env_service.md); a ``shape`` in the caller's ``params`` overrides the client's choice.
 
 The plumbing (pools, auth header, the retry loop) is :class:`~agentevolver.client.http.ServiceClient`,
 shared with the memory client; this module holds the environment routes and their failure policy.
@@ -28,8 +37,14 @@ from typing import Any, ClassVar
 
 import httpx
 
-from agentevolver.client.http import NOT_PROCESSED, ServiceClient, ServiceClientError, error_detail
-from agentevolver.schema import ChatMessage, CreateData, StepData
+from agentevolver.client.http import (
+    NOT_PROCESSED,
+    ServiceClient,
+    ServiceClientError,
+    describe_failure,
+    error_detail,
+)
+from agentevolver.schema import SHAPE_PARAM, ChatMessage, CreateData, StepData
 
 __all__ = ["EnvClient", "EnvClientError", "EnvClientSettings"]
 
@@ -37,6 +52,8 @@ logger = logging.getLogger(__name__)
 
 #: Statuses meaning "this instance can serve no more calls".
 _INSTANCE_LOST_CODES = frozenset({"unknown_instance", "instance_gone", "instance_failed", "instance_timeout"})
+#: What ``create`` and ``step`` send in ``params``: this framework's richer answer shape.
+_NATIVE = {SHAPE_PARAM: "native"}
 
 
 class EnvClientError(ServiceClientError):
@@ -94,7 +111,7 @@ class EnvClient(ServiceClient):
         if response.status_code == 200 and isinstance(body, dict) and body.get("success") is True:
             return body.get("data")
         code, field, message = error_detail(response)
-        reason = f"{where}: HTTP {response.status_code} {code or ''}: {message}".replace("  ", " ")
+        reason = describe_failure(self.service_name, self._base, where, response.status_code, code, field, message)
         retry = response.status_code in NOT_PROCESSED or (idempotent and response.status_code >= 500
                                                           and code not in _INSTANCE_LOST_CODES)
         raise self._reject(reason, retry, response, code, field)
@@ -144,7 +161,7 @@ class EnvClient(ServiceClient):
                params: Mapping[str, Any] | None = None) -> CreateData:
         """Create an instance (the client picks its id so a retried create can clean up after itself)."""
         instance_id = instance_id or uuid.uuid4().hex
-        body = self._envelope(env_type, task_id, instance_id, params=params)
+        body = self._envelope(env_type, task_id, instance_id, params={**_NATIVE, **(params or {})})
         try:
             data = self._request("POST", "/create", body, False)
         except EnvClientError as err:
@@ -158,7 +175,8 @@ class EnvClient(ServiceClient):
     def step(self, instance_id: str, action: ChatMessage | Mapping[str, Any],
              params: Mapping[str, Any] | None = None) -> StepData:
         """Apply an action; never raises for service failures (returns a flagged fallback instead)."""
-        body = self._envelope(instance_id=instance_id, messages=self._action(action), params=params)
+        body = self._envelope(instance_id=instance_id, messages=self._action(action),
+                              params={**_NATIVE, **(params or {})})
         try:
             return StepData.model_validate(self._request("POST", "/step", body, False))
         except EnvClientError as err:
@@ -178,8 +196,16 @@ class EnvClient(ServiceClient):
         try:
             return bool(self._request("POST", "/release", self._envelope(instance_id=instance_id), True))
         except EnvClientError as err:
+            return self._release_failed(instance_id, err)
+
+    @staticmethod
+    def _release_failed(instance_id: str, err: EnvClientError) -> bool:
+        """False; a warning unless there was simply nothing to release."""
+        if err.code == "unknown_instance":
+            logger.debug("release of %s: it was not live", instance_id)
+        else:
             logger.warning("release of %s failed: %s", instance_id, err)
-            return False
+        return False
 
     # ------------------------------------------------------------------ async API
     async def alist_envs(self) -> list[dict[str, Any]]:
@@ -196,7 +222,7 @@ class EnvClient(ServiceClient):
     async def acreate(self, env_type: str, task_id: str, *, instance_id: str | None = None,
                       params: Mapping[str, Any] | None = None) -> CreateData:
         instance_id = instance_id or uuid.uuid4().hex
-        body = self._envelope(env_type, task_id, instance_id, params=params)
+        body = self._envelope(env_type, task_id, instance_id, params={**_NATIVE, **(params or {})})
         try:
             data = await self._arequest("POST", "/create", body, False)
         except EnvClientError as err:
@@ -209,7 +235,8 @@ class EnvClient(ServiceClient):
 
     async def astep(self, instance_id: str, action: ChatMessage | Mapping[str, Any],
                     params: Mapping[str, Any] | None = None) -> StepData:
-        body = self._envelope(instance_id=instance_id, messages=self._action(action), params=params)
+        body = self._envelope(instance_id=instance_id, messages=self._action(action),
+                              params={**_NATIVE, **(params or {})})
         try:
             return StepData.model_validate(await self._arequest("POST", "/step", body, False))
         except EnvClientError as err:
@@ -228,5 +255,4 @@ class EnvClient(ServiceClient):
         try:
             return bool(await self._arequest("POST", "/release", self._envelope(instance_id=instance_id), True))
         except EnvClientError as err:
-            logger.warning("release of %s failed: %s", instance_id, err)
-            return False
+            return self._release_failed(instance_id, err)

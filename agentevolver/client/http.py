@@ -30,6 +30,7 @@ __all__ = [
     "ServiceClient",
     "ServiceClientError",
     "ServiceFailure",
+    "describe_failure",
     "error_detail",
     "loop_local",
 ]
@@ -96,16 +97,39 @@ def loop_local(entries: dict[asyncio.AbstractEventLoop, _T],
 
 
 def error_detail(response: httpx.Response) -> tuple[str | None, str | None, str]:
-    """``(code, field, message)`` of a failed answer: the service's ``error`` object when the body has one,
-    else the start of the body text, else the bare status."""
+    """``(code, field, message)`` of a failed answer.
+
+    Read from the service's ``error: {code, message, field}`` (this framework's services), else from
+    FastAPI's default ``detail`` (a string, or validation problems with a ``loc``: the reference's
+    environment service and a real ReMe server answer so), else the start of the body text, else the status.
+    """
     try:
         body = response.json()
     except ValueError:
         body = None
     detail = body.get("error") if isinstance(body, dict) else None
-    detail = detail if isinstance(detail, dict) else {}
-    message = detail.get("message") or response.text[:300] or f"HTTP {response.status_code}"
-    return detail.get("code"), detail.get("field"), message
+    if isinstance(detail, dict):
+        message = detail.get("message") or response.text[:300] or f"HTTP {response.status_code}"
+        return detail.get("code"), detail.get("field"), str(message)
+    fastapi_detail = body.get("detail") if isinstance(body, dict) else None
+    if isinstance(fastapi_detail, str) and fastapi_detail:
+        return None, None, fastapi_detail[:300]
+    if isinstance(fastapi_detail, list) and fastapi_detail and isinstance(fastapi_detail[0], dict):
+        first = fastapi_detail[0]
+        loc = [str(part) for part in first.get("loc", ()) if part != "body"]
+        return first.get("type"), ".".join(loc) or None, str(first.get("msg", "invalid request"))
+    return None, None, response.text[:300] or f"HTTP {response.status_code}"
+
+
+def describe_failure(service_name: str, base_url: str, where: str, status: int, code: str | None,
+                     field: str | None, message: str) -> str:
+    """What a user reads when a request failed: which service, which route, the service's own message led
+    by the field it names, then the status and code, e.g. ``environment service rejected /step:
+    messages.role: must be 'assistant' (HTTP 422 bad_action; http://127.0.0.1:8080)``."""
+    verb = "failed on" if status >= 500 else "rejected"
+    lead = f"{field}: " if field and not message.startswith(field) else ""
+    tag = " ".join(part for part in (f"HTTP {status}", code) if part)
+    return f"{service_name} {verb} {where.removeprefix(base_url) or where}: {lead}{message} ({tag}; {base_url})"
 
 
 class ServiceClient(ClosingContext):

@@ -11,7 +11,8 @@ route by what a retry can break:
 * summarisation and JSONL import are not retried after the request may have been processed (a repeat
   could store an experience twice);
 * everything else raises :class:`MemoryClientError` carrying the service's error code and field, whose
-  message says what to fix.
+  message leads with the service's own words and the field it names (``memory service rejected
+  /retrieve_task_memory: top_k: ...``; FastAPI's default ``detail`` bodies of a real ReMe server too).
 
 The plumbing (pools, auth header, the retry loop) is :class:`~agentevolver.client.http.ServiceClient`,
 shared with the environment client; this module holds the memory routes and their failure policy.
@@ -28,7 +29,13 @@ from typing import Any, ClassVar, TypeVar
 import httpx
 from pydantic import BaseModel, ValidationError
 
-from agentevolver.client.http import NOT_PROCESSED, ServiceClient, ServiceClientError, error_detail
+from agentevolver.client.http import (
+    NOT_PROCESSED,
+    ServiceClient,
+    ServiceClientError,
+    describe_failure,
+    error_detail,
+)
 from agentevolver.memory_service.models import (
     RetrieveRequest,
     RetrieveResponse,
@@ -97,7 +104,7 @@ class MemoryClient(ServiceClient):
         if response.status_code == 200:
             return response
         code, field, message = error_detail(response)
-        reason = f"{where}: HTTP {response.status_code}{f' {code}' if code else ''}: {message}"
+        reason = describe_failure(self.service_name, self._base, where, response.status_code, code, field, message)
         retry = response.status_code in NOT_PROCESSED or (
             idempotent and response.status_code in _RETRY_IF_IDEMPOTENT)
         raise self._reject(reason, retry, response, code, field)

@@ -4,6 +4,9 @@ Client and server import the same models, so the wire format cannot drift betwee
 """
 
 from agentevolver.schema.env_wire import (
+    DEFAULT_SHAPE,
+    SHAPE_PARAM,
+    SHAPES,
     CreateData,
     CreateRequest,
     EnvRequest,
@@ -13,6 +16,7 @@ from agentevolver.schema.env_wire import (
     InstanceInfo,
     InstanceRequest,
     ProfileRequest,
+    Shape,
     StepData,
     StepRequest,
 )
@@ -22,6 +26,9 @@ from agentevolver.schema.task import Task, TaskObjective
 from agentevolver.schema.trajectory import Reward, Trajectory
 
 __all__ = [
+    "DEFAULT_SHAPE",
+    "SHAPES",
+    "SHAPE_PARAM",
     "ChatMessage",
     "CreateData",
     "CreateRequest",
@@ -34,6 +41,7 @@ __all__ = [
     "ProfileRequest",
     "Reward",
     "Sample",
+    "Shape",
     "StepData",
     "StepRequest",
     "Task",

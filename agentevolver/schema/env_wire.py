@@ -5,17 +5,35 @@ Every route takes the same envelope ``{env_type, task_id, instance_id, messages,
 a client built on them sends exactly what the reference service accepts, and the service (which uses the
 same models) rejects a missing field with a 4xx naming it. ``error`` is an addition: on failure it says
 what went wrong and which field to fix, instead of an opaque ``success: false``.
+
+The reference's clients send ``null`` for every envelope field a route does not use (``"task_id": null``
+on ``/step``, ``"instance_id": null`` on ``/create``), so ``null`` reads as "not given" everywhere; a
+route that needs the field still answers 422 naming it.
+
+How answers are shaped is chosen per request by ``params.shape`` (:data:`SHAPE_PARAM`): ``reference``
+(the default, what an unchanged reference client and trainer read) or ``native`` (this framework's richer
+form, which :class:`~agentevolver.client.env_client.EnvClient` asks for). See docs/env_service.md.
 """
 
 from __future__ import annotations
 
-from typing import Any, Generic, TypeVar
+from typing import Any, Final, Generic, Literal, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from agentevolver.schema.message import ChatMessage
 
 T = TypeVar("T")
+
+#: The request parameter that picks the answer shape of ``/create`` and ``/step``.
+SHAPE_PARAM: Final = "shape"
+#: ``reference``: ``/create`` opens with exactly [system, user] (tools listed in the system message) and
+#: every ``/step`` observes exactly one ``user`` message. ``native``: the environment's own messages --
+#: all opening messages (demonstrations as real turns), one ``tool`` message per tool call, and no message
+#: after the final step.
+Shape = Literal["reference", "native"]
+SHAPES: Final[tuple[str, ...]] = ("reference", "native")
+DEFAULT_SHAPE: Final[Shape] = "reference"
 
 
 class EnvRequest(BaseModel):
@@ -28,6 +46,18 @@ class EnvRequest(BaseModel):
     instance_id: str = ""
     messages: dict[str, Any] | list[dict[str, Any]] = Field(default_factory=dict)
     params: dict[str, Any] = Field(default_factory=dict)
+
+    @field_validator("env_type", "task_id", "instance_id", mode="before")
+    @classmethod
+    def _null_id_is_absent(cls, value: Any) -> Any:
+        """The reference clients send ``null`` for ids a route does not use; treat it as not given."""
+        return "" if value is None else value
+
+    @field_validator("messages", "params", mode="before")
+    @classmethod
+    def _null_body_is_empty(cls, value: Any) -> Any:
+        """``null`` messages/params mean "none", as an omitted field does."""
+        return {} if value is None else value
 
 
 class ProfileRequest(EnvRequest):

@@ -13,7 +13,8 @@ from __future__ import annotations
 import logging
 from typing import Any, ClassVar
 
-from agentevolver.schema import ChatMessage
+from agentevolver.schema import ChatMessage, ToolCall
+from env_service.actions import read_tool_calls
 from env_service.base import BaseEnv, Isolation, StepOutcome
 from env_service.environments.bfcl import scoring, tools
 from env_service.environments.bfcl.bfcl_api import bfcl
@@ -94,7 +95,12 @@ class BfclEnv(BaseEnv):
         return [system, *self._turn_messages(0)]
 
     def step(self, action: ChatMessage) -> StepOutcome:
-        """Run the action's tool calls (one BFCL step), or end the user turn if it has none."""
+        """Run the action's tool calls (one BFCL step), or end the user turn if it has none.
+
+        Calls are ``tool_calls`` or, without them, hermes ``<tool_call>`` blocks in the text (how the
+        reference agent acts). A message whose blocks cannot be read has no calls and ends the turn, as an
+        undecodable response does in BFCL's own inference loop.
+        """
         if self._done:
             raise BadAction("the episode has ended; evaluate or release the instance", field="messages")
         if action.role != "assistant":
@@ -102,8 +108,9 @@ class BfclEnv(BaseEnv):
                             field="messages")
         if not self._model_name:
             raise BadAction("reset must be called before step", field="messages")
-        if action.tool_calls:
-            return self._run_tool_calls(action)
+        calls = read_tool_calls(action).calls
+        if calls:
+            return self._run_tool_calls(calls)
         return self._end_turn()
 
     def evaluate(self, sparse: bool) -> float:
@@ -160,9 +167,8 @@ class BfclEnv(BaseEnv):
             return [ChatMessage(role="user", content=content)]
         return [ChatMessage(role=m["role"], content=m.get("content") or "") for m in self.task.questions[turn_index]]
 
-    def _run_tool_calls(self, action: ChatMessage) -> StepOutcome:
+    def _run_tool_calls(self, calls: list[ToolCall]) -> StepOutcome:
         allowed = tools.callable_names(self.task)
-        calls = action.tool_calls or []
         built: list[str | None] = []
         errors: dict[int, str] = {}
         for position, call in enumerate(calls):
@@ -178,8 +184,7 @@ class BfclEnv(BaseEnv):
         state = []
         for position, (call, text) in enumerate(zip(calls, built, strict=True)):
             content = next(results) if text is not None else errors[position]
-            state.append(ChatMessage(role="tool", content=content, name=call.function.name,
-                                     tool_call_id=call.id or f"call_{self._turn_index}_{self._steps_in_turn}_{position}"))
+            state.append(ChatMessage(role="tool", content=content, name=call.function.name, tool_call_id=call.id))
         self._steps_in_turn += 1
         if self._steps_in_turn > self._api.max_steps_per_turn:
             # BFCL force-quits the whole entry when a turn exceeds its step limit; the entry then fails.

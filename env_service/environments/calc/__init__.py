@@ -11,8 +11,8 @@ Episode protocol:
 * ``step(assistant message)``:
 
   - tool calls (``tool_calls``, or - leniently - ``<tool_call>{json}</tool_call>`` blocks in ``content``
-    when ``tool_calls`` is empty) -> one ``tool`` message per call with the result or an explanatory
-    error; not terminal. Tool calls take precedence over any ``FINAL ANSWER`` in the same message,
+    when ``tool_calls`` is empty; read by :func:`env_service.actions.read_tool_calls`, shared by the
+    environments) -> one ``tool`` message per call with the result or an explanatory error; not terminal. Tool calls take precedence over any ``FINAL ANSWER`` in the same message,
     because that answer was written before the results were seen;
   - text containing ``FINAL ANSWER`` -> terminal; the number after it is the answer;
   - other text -> a ``user`` nudge, not terminal;
@@ -32,6 +32,7 @@ import logging
 from typing import Any
 
 from agentevolver.schema import ChatMessage
+from env_service.actions import ActionCalls, read_tool_calls
 from env_service.base import BaseEnv, StepOutcome
 from env_service.environments.calc.answer import has_final_answer, parse_final_answer
 from env_service.environments.calc.prompts import (
@@ -42,12 +43,7 @@ from env_service.environments.calc.prompts import (
     demonstrations,
 )
 from env_service.environments.calc.tasks import SPLITS, CalcTask, get_task, parse_split, split_task_ids
-from env_service.environments.calc.tools import (
-    has_text_tool_call,
-    parse_text_tool_calls,
-    run_tool,
-    tool_schemas,
-)
+from env_service.environments.calc.tools import run_tool, tool_schemas
 from env_service.errors import BadAction, EnvServiceError, UnknownSplit
 from env_service.registry import register_env
 
@@ -124,11 +120,9 @@ class CalcEnv(BaseEnv):
             raise BadAction("the episode is over; create a new instance to play again", field="messages")
         self.steps += 1
         info: dict[str, Any] = {"step": self.steps}
-        if action.tool_calls:
-            state = self._run_calls([(call.id, call.function.name, call.function.arguments)
-                                     for call in action.tool_calls], info)
-        elif has_text_tool_call(action.content):
-            state = self._run_text_calls(action.content, info)
+        calls = read_tool_calls(action, self.steps)
+        if calls.calls or calls.problems:
+            state = self._answer_calls(calls, info)
         elif has_final_answer(action.content):
             self.answered = True
             self.final_answer = parse_final_answer(action.content)
@@ -148,31 +142,28 @@ class CalcEnv(BaseEnv):
                          self.steps, info["reason"], reward)
         return StepOutcome(state=state, reward=reward, is_terminated=self.terminated, info=info)
 
-    def _run_calls(self, calls: list[tuple[str, str, Any]], info: dict[str, Any]) -> list[ChatMessage]:
-        """Run each call and answer it with a ``tool`` message (ids made up where the caller sent none)."""
+    def _answer_calls(self, calls: ActionCalls, info: dict[str, Any]) -> list[ChatMessage]:
+        """Run each call and answer it with a ``tool`` message; if no ``<tool_call>`` block of the text could
+        be read, say why instead (the model learns the format from it)."""
+        if calls.from_text:
+            info["text_tool_calls"] = True
+        if not calls.calls:
+            info.update(tool_calls=0, tool_errors=len(calls.problems))
+            hint = ('Write it as <tool_call>\n{"name": "calculator", "arguments": {"expression": "12 * 31"}}'
+                    "\n</tool_call>")
+            return [ChatMessage(role="user", content=f"Your tool call could not be read: {calls.problems[0]}. {hint}")]
         messages = []
         errors = 0
-        for index, (call_id, name, arguments) in enumerate(calls):
-            result = run_tool(name, arguments)
+        for call in calls.calls:
+            result = run_tool(call.function.name, call.function.arguments)
             if result.value is not None:
                 self.tool_values.append(result.value)
             else:
                 errors += 1
-            messages.append(ChatMessage(role="tool", content=result.text, name=name,
-                                        tool_call_id=call_id or f"call_{self.steps}_{index}"))
-        info.update(tool_calls=len(calls), tool_errors=errors)
+            messages.append(ChatMessage(role="tool", content=result.text, name=call.function.name,
+                                        tool_call_id=call.id))
+        info.update(tool_calls=len(calls.calls), tool_errors=errors)
         return messages
-
-    def _run_text_calls(self, content: str, info: dict[str, Any]) -> list[ChatMessage]:
-        """Lenient path: tool calls written as text in ``content`` (the trainer's parser normally does this)."""
-        calls, problems = parse_text_tool_calls(content)
-        info["text_tool_calls"] = True
-        if not calls:
-            info.update(tool_calls=0, tool_errors=len(problems))
-            hint = ('Write it as <tool_call>\n{"name": "calculator", "arguments": {"expression": "12 * 31"}}'
-                    "\n</tool_call>")
-            return [ChatMessage(role="user", content=f"Your tool call could not be read: {problems[0]}. {hint}")]
-        return self._run_calls([("", call.name, call.arguments) for call in calls], info)
 
     # ------------------------------------------------------------------ scoring and info
     def evaluate(self, sparse: bool) -> float:

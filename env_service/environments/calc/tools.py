@@ -7,13 +7,12 @@ exception would end the episode (and the training signal) instead.
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import json
-import re
 from dataclasses import dataclass
 from typing import Any
 
+from env_service.actions import read_text_tool_calls
 from env_service.environments.calc.calculator import CalcError, evaluate_expression, format_number
 from env_service.environments.calc.units import UnitError, convert
 
@@ -137,10 +136,6 @@ def run_tool(name: str, arguments: dict[str, Any] | str) -> ToolResult:
 
 
 # ------------------------------------------------------------------------------ text-form tool calls
-_TOOL_CALL_OPEN = "<tool_call>"
-_TOOL_CALL_BLOCK = re.compile(r"<tool_call>(.*?)(?:</tool_call>|$)", re.DOTALL)
-
-
 @dataclass(frozen=True)
 class TextToolCall:
     """A tool call read from message text: name and arguments (a dict, or the raw value if not one)."""
@@ -149,34 +144,19 @@ class TextToolCall:
     arguments: Any
 
 
-def has_text_tool_call(content: str) -> bool:
-    """Whether ``content`` contains a hermes-style ``<tool_call>`` block (parsed or not)."""
-    return _TOOL_CALL_OPEN in content
-
-
 def parse_text_tool_calls(content: str) -> tuple[list[TextToolCall], list[str]]:
     """Read ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>`` blocks from text.
 
-    Lenient on purpose: a missing closing tag (generation cut off or stopped early) is accepted, text
-    after the JSON object inside a block is ignored, and ``arguments`` may be a JSON string of an object.
+    The reading is the environments' shared one (:func:`env_service.actions.read_text_tool_calls`: lenient
+    about a missing closing tag and text after the JSON); this only presents its calls as name + arguments.
     Returns the calls read and one problem description per block that could not be read.
     """
-    calls: list[TextToolCall] = []
-    problems: list[str] = []
-    decoder = json.JSONDecoder()
-    for match in _TOOL_CALL_BLOCK.finditer(content):
-        body = match.group(1).strip()
+    read = read_text_tool_calls(content)
+    calls = []
+    for call in read.calls:
         try:
-            payload, _ = decoder.raw_decode(body)
-        except json.JSONDecodeError:
-            problems.append(f"the <tool_call> block is not valid JSON: {body[:80]!r}")
-            continue
-        if not isinstance(payload, dict) or not isinstance(payload.get("name"), str):
-            problems.append('a <tool_call> block must hold {"name": ..., "arguments": {...}}')
-            continue
-        arguments = payload.get("arguments", {})
-        if isinstance(arguments, str):
-            with contextlib.suppress(json.JSONDecodeError):
-                arguments = json.loads(arguments)
-        calls.append(TextToolCall(payload["name"], arguments))
-    return calls, problems
+            arguments: Any = call.function.arguments_dict()
+        except ValueError:
+            arguments = call.function.arguments
+        calls.append(TextToolCall(call.function.name, arguments))
+    return calls, read.problems

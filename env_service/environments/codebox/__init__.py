@@ -2,7 +2,8 @@
 
 Episode: ``reset()`` gives the protocol (system) and the task (user). Each assistant message is one
 action -- run code (a fenced ```python block, or the ``run_python`` tool) or submit (the ``submit`` tool,
-or ``FINAL ANSWER:`` + a fenced block). Submitting grades the code against the hidden tests and ends
+or ``FINAL ANSWER:`` + a fenced block). Tool calls are ``tool_calls`` or hermes ``<tool_call>`` blocks in
+the text (:func:`env_service.actions.read_tool_calls`). Submitting grades the code against the hidden tests and ends
 the episode with reward = the score.
 
 Errors, and why: mistakes an agent makes while acting (no action in the message, ``FINAL ANSWER:``
@@ -21,6 +22,7 @@ import logging
 from typing import Any, ClassVar
 
 from agentevolver.schema import ChatMessage, ToolCall
+from env_service.actions import read_tool_calls
 from env_service.base import BaseEnv, Isolation, StepOutcome
 from env_service.environments.codebox import prompts
 from env_service.environments.codebox.actions import parse_text
@@ -79,9 +81,10 @@ class CodeBoxEnv(BaseEnv):
         if self._ended:
             raise BadAction("the episode has ended (a solution was submitted); release the instance",
                             field="messages")
-        if action.tool_calls:
-            return self._tool_calls(action.tool_calls)
-        return self._text(action.content)
+        calls = read_tool_calls(action)
+        if calls.calls:
+            return self._tool_calls(calls.calls)
+        return self._text(action.content, calls.problems)
 
     def evaluate(self, sparse: bool) -> float:
         if self._grade is None:
@@ -118,7 +121,8 @@ class CodeBoxEnv(BaseEnv):
         return (self._grade.summary(), reward,
                 {"passed": self._grade.passed, "total": self._grade.total, "score": self._grade.score})
 
-    def _text(self, content: str) -> StepOutcome:
+    def _text(self, content: str, call_problems: list[str]) -> StepOutcome:
+        """A text action; ``call_problems`` are the ``<tool_call>`` blocks that could not be read, if any."""
         parsed = parse_text(content)
         if parsed.kind == "run" and parsed.code is not None:
             text, info = self._run(parsed.code)
@@ -128,6 +132,8 @@ class CodeBoxEnv(BaseEnv):
             return StepOutcome(state=[ChatMessage(role="user", content=text)], reward=reward, is_terminated=True,
                                info={"action": "submit", **info})
         hint = prompts.BAD_FINAL_HINT if parsed.kind == "bad_final" else prompts.NO_ACTION_HINT
+        if call_problems:
+            hint = f"Your tool call could not be read: {call_problems[0]}.\n{hint}"
         return StepOutcome(state=[ChatMessage(role="user", content=hint)], info={"action": "none"})
 
     def _tool_calls(self, calls: list[ToolCall]) -> StepOutcome:
