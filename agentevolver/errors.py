@@ -14,6 +14,21 @@ class ConfigError(AgentEvolverError, ValueError):
     """A configuration value is missing, mistyped or out of range; the message names the key."""
 
 
+class UnknownNameError(ConfigError, KeyError):
+    """A registry (:class:`agentevolver.registry.Registry`) has no entry under the name a config gave.
+
+    Also a ``KeyError``, so code that looked names up in a plain dict keeps catching it.
+    """
+
+    def __str__(self) -> str:
+        # KeyError.__str__ would print repr(message), quotes and all.
+        return str(self.args[0]) if self.args else ""
+
+
+class DuplicateNameError(ConfigError):
+    """A second, different object was registered under a name a registry already holds."""
+
+
 class ModelResolutionError(AgentEvolverError, FileNotFoundError):
     """A model path is neither a folder, a built-in model name, nor available offline."""
 

@@ -11,22 +11,24 @@ import importlib
 import pkgutil
 from collections.abc import Callable, Iterable
 
+from agentevolver.registry import Registry
 from env_service import environments
 from env_service.base import BaseEnv
 from env_service.errors import EnvUnavailable, UnknownEnv
 
-_REGISTRY: dict[str, type[BaseEnv]] = {}
+#: Environments imported so far, by name (``env_type``).
+ENVIRONMENTS: Registry[type[BaseEnv]] = Registry("environment", "env_type")
 
 
 def register_env(name: str) -> Callable[[type[BaseEnv]], type[BaseEnv]]:
-    """Class decorator: register ``cls`` under ``name`` (which it also gets as ``cls.name``)."""
+    """Class decorator: register ``cls`` under ``name`` (which it also gets as ``cls.name``).
+
+    A name taken by another class is a :class:`~agentevolver.errors.DuplicateNameError` naming both.
+    """
 
     def decorate(cls: type[BaseEnv]) -> type[BaseEnv]:
-        existing = _REGISTRY.get(name)
-        if existing is not None and existing is not cls:
-            raise ValueError(f"environment name {name!r} is taken by {existing.__module__}.{existing.__name__}")
+        ENVIRONMENTS.add(name, cls)
         cls.name = name
-        _REGISTRY[name] = cls
         return cls
 
     return decorate
@@ -39,14 +41,14 @@ def available_envs() -> list[str]:
 
 def _import_env(name: str) -> type[BaseEnv]:
     """Import the environment's package if needed and return its registered class (no usability check)."""
-    if name not in _REGISTRY:
+    if name not in ENVIRONMENTS:
         if name not in available_envs():
             raise UnknownEnv(f"no environment {name!r}; shipped: {', '.join(available_envs())}", field="env_type")
         importlib.import_module(f"{environments.__name__}.{name}")
-    if name not in _REGISTRY:
+    if name not in ENVIRONMENTS:
         raise UnknownEnv(f"package env_service.environments.{name} registers no environment named {name!r}",
                          field="env_type")
-    return _REGISTRY[name]
+    return ENVIRONMENTS.get(name)
 
 
 def load_envs(names: Iterable[str]) -> dict[str, type[BaseEnv]]:

@@ -17,12 +17,14 @@ from pathlib import Path
 import pytest
 from env_service_fixture import env_service
 from memory_service_fixture import Service, free_port, memory_service, task_summariser
-from training_fixture import training_command, training_env
+from training_fixture import run_training, training_command, training_timeout
 
 from agentevolver.config import compose_config
 from agentevolver.models import resolve_model_path
 from agentevolver.module.agent_flow import read_rollout_dump
-from agentevolver.module.trainer.tracking import read_metrics
+from agentevolver.verl.tracking import read_metrics
+
+pytestmark = training_timeout
 
 
 @pytest.fixture(scope="module")
@@ -53,7 +55,7 @@ def train(env: str, run_dir: Path, memory_url: str, workspace: str, mode: str, *
     command = training_command(env, run_dir, f"exp_mode={mode}", f"memory.base_url={memory_url}",
                                f"memory.workspace_id={workspace}", f"trainer.total_training_steps={steps}",
                                "trainer.save_freq=-1", "exp_manager.init_exp_max_tasks=2", *extra)
-    done = subprocess.run(command, cwd=run_dir, env=training_env(), capture_output=True, text=True)
+    done = run_training(command, run_dir)
     assert done.returncode == 0, (done.stdout + done.stderr)[-6000:]
     return done
 

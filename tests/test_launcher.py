@@ -22,6 +22,7 @@ from pathlib import Path
 import psutil
 import pytest
 from env_service_fixture import REPO_ROOT, TESTS_DIR, env_service, free_port
+from training_fixture import training_timeout
 
 from agentevolver.config import load_config
 from agentevolver.errors import ConfigError
@@ -259,6 +260,7 @@ def test_ctrl_c_stops_everything_it_started(tmp_path: Path, stubborn: bool) -> N
 
 # -- end to end ---------------------------------------------------------------------------------------------
 
+@training_timeout
 def test_launcher_trains_one_step_with_env_and_memory_services(tmp_path: Path) -> None:
     from training_fixture import training_command
 

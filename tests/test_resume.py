@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import json
 import subprocess
 import time
@@ -11,12 +10,13 @@ from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 
-import psutil
 import pytest
 from env_service_fixture import env_service
-from training_fixture import training_command, training_env
+from training_fixture import kill_tree, run_training, training_command, training_env, training_timeout
 
 from agentevolver.module.agent_flow import read_rollout_dump
+
+pytestmark = training_timeout
 
 
 @pytest.fixture(scope="module")
@@ -30,26 +30,8 @@ def tasks_of(run: Path, step: int) -> Counter[str]:
 
 
 def run_to_end(service: str, run_dir: Path, *extra: str) -> None:
-    done = subprocess.run(training_command(service, run_dir, *extra), cwd=run_dir, env=training_env(),
-                          capture_output=True, text=True)
+    done = run_training(training_command(service, run_dir, *extra), run_dir)
     assert done.returncode == 0, (done.stdout + done.stderr)[-6000:]
-
-
-def kill_tree(process: subprocess.Popen[str]) -> None:
-    """SIGKILL the driver and every process it started (Ray's GCS, raylet, workers): a machine crash."""
-    parent = psutil.Process(process.pid)
-    children: list[psutil.Process] = []
-    for _ in range(10):  # a process that exits during the walk makes psutil raise: walk again
-        try:
-            children = parent.children(recursive=True)
-            break
-        except psutil.NoSuchProcess:
-            continue
-    victims = [parent, *children]
-    for victim in victims:
-        with contextlib.suppress(psutil.NoSuchProcess):
-            victim.kill()
-    psutil.wait_procs(victims, timeout=60)
 
 
 def test_sigkill_after_step_1_resumes_at_step_2_with_the_same_data(service: str, tmp_path: Path) -> None:

@@ -13,7 +13,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from agentevolver.errors import ConfigError
+from agentevolver.errors import ConfigError, DuplicateNameError, UnknownNameError
 from agentevolver.models.template import chat_template
 from agentevolver.module.tools.parsing import (
     CompositeParser,
@@ -44,10 +44,10 @@ def test_builtin_parsers_are_registered() -> None:
 
 
 def test_unknown_parser_name_lists_the_registered_ones() -> None:
-    with pytest.raises(ConfigError) as err:
+    with pytest.raises(UnknownNameError) as err:
         get_parser("llama3_json")
     message = str(err.value)
-    assert "'llama3_json'" in message
+    assert message.startswith("tool_parser: unknown tool parser 'llama3_json'; registered: composite, ")
     for name in ("hermes", "qwen3_coder", "python_code", "final_answer"):
         assert name in message
 
@@ -57,7 +57,7 @@ def test_second_parser_under_a_taken_name_is_an_error() -> None:
         def extract(self, text: str, tools: Any = None) -> ParsedAction:
             return ParsedAction(content=text)
 
-    with pytest.raises(ConfigError, match="already registered"):
+    with pytest.raises(DuplicateNameError, match=r"tool parser 'hermes' is already registered by .*HermesParser"):
         register_parser("hermes")(Other)
     assert type(get_parser("hermes")).__name__ == "HermesParser"
 

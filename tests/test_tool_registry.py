@@ -17,7 +17,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
-from agentevolver.errors import ConfigError
+from agentevolver.errors import ConfigError, DuplicateNameError, UnknownNameError
 from agentevolver.module.tools import (
     ClassTool,
     ErrorType,
@@ -246,7 +246,7 @@ def test_bare_function_tool_decorator_uses_the_default_registry() -> None:
 
     assert "_test_registry_default_echo" in default_registry()
     try:
-        with pytest.raises(ConfigError, match="duplicate tool name"):
+        with pytest.raises(DuplicateNameError, match="tool '_test_registry_default_echo' is already registered"):
             function_tool(_test_registry_default_echo.fn)
     finally:
         default_registry().remove("_test_registry_default_echo")
@@ -300,10 +300,15 @@ def test_duplicate_tool_names_are_rejected_at_registration() -> None:
         """Another calc."""
         return expression
 
-    with pytest.raises(ConfigError) as err:
+    with pytest.raises(DuplicateNameError) as err:
         registry.add(calc)
     message = str(err.value)
-    assert "duplicate tool name 'calc'" in message and "make_registry.<locals>.calc" in message
+    assert "tool 'calc' is already registered by " in message and "make_registry.<locals>.calc" in message
+    assert "test_duplicate_tool_names_are_rejected_at_registration.<locals>.calc" in message
+    entry = registry.get("calc")
+    assert registry.add(entry) is entry  # the same entry again is a no-op
+    with pytest.raises(UnknownNameError, match=r"^unknown tool 'calk'; registered: calc, mean, search$"):
+        registry.get("calk")
 
     class Calc(ClassTool):
         name = "calc"
@@ -311,7 +316,7 @@ def test_duplicate_tool_names_are_rejected_at_registration() -> None:
         async def execute(self, episode_id: str, arguments: dict[str, Any]) -> str:
             return ""
 
-    with pytest.raises(ConfigError, match="duplicate tool name 'calc'"):
+    with pytest.raises(DuplicateNameError, match="tool 'calc' is already registered"):
         registry.add(Calc)
     with pytest.raises(ConfigError, match="duplicate tool name"):
         ToolSet([registry.get("calc"), registry.get("calc")], episode_id="e")
@@ -949,7 +954,7 @@ def test_tools_config_defaults_and_helpers() -> None:
         ({"max_parallel_calls": 0}, "max_parallel_calls"),
         ({"tool_timeout_s": 0}, "tool_timeout_s"),
         ({"max_tool_response_chars": -1}, "max_tool_response_chars"),
-        ({"tool_parser": "llama3_json"}, "registered parsers: composite, final_answer, hermes"),
+        ({"tool_parser": "llama3_json"}, "unknown tool parser 'llama3_json'; registered: composite, final_answer, hermes"),
         ({"tool_selection": ["calc"]}, "Extra inputs are not permitted"),
     ],
 )

@@ -2,13 +2,26 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+import subprocess
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import torch
+import psutil
+import pytest
+
+if TYPE_CHECKING:
+    import torch
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
+
+#: Hang limit (pytest-timeout) of every test that starts a training run: far above a tiny-test run's few
+#: minutes on a loaded 2-core machine, so it only stops a run that hangs (a wedged Ray actor, a dead service).
+TRAINING_TIMEOUT_S = 1800
+#: ``pytestmark = training_timeout`` in a module of training tests, or ``@training_timeout`` on one test.
+training_timeout = pytest.mark.timeout(TRAINING_TIMEOUT_S)
 
 
 def training_command(service: str, run_dir: Path, *extra: str) -> list[str]:
@@ -49,3 +62,37 @@ def load_safetensors(folder: Path) -> dict[str, torch.Tensor]:
 
 def training_env() -> dict[str, str]:
     return {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
+
+
+def kill_tree(process: subprocess.Popen[str]) -> None:
+    """SIGKILL the driver and every process it started (Ray's GCS, raylet, workers)."""
+    try:
+        parent = psutil.Process(process.pid)
+    except psutil.NoSuchProcess:
+        return
+    children: list[psutil.Process] = []
+    for _ in range(10):  # a process that exits during the walk makes psutil raise: walk again
+        try:
+            children = parent.children(recursive=True)
+            break
+        except psutil.NoSuchProcess:
+            continue
+    victims = [parent, *children]
+    for victim in victims:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            victim.kill()
+    psutil.wait_procs(victims, timeout=60)
+
+
+def run_training(command: list[str], cwd: Path) -> subprocess.CompletedProcess[str]:
+    """Run a training command to its end, output captured. If the wait is interrupted (the test's hang
+    timeout, Ctrl-C), the run's whole process tree is killed first, so a hung run does not outlive its test."""
+    process = subprocess.Popen(command, cwd=cwd, env=training_env(), stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True)
+    try:
+        stdout, stderr = process.communicate()
+    except BaseException:
+        kill_tree(process)
+        process.communicate()
+        raise
+    return subprocess.CompletedProcess(process.args, process.returncode, stdout, stderr)

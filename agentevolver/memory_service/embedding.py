@@ -23,6 +23,7 @@ import numpy as np
 from agentevolver.errors import ConfigError
 from agentevolver.memory_service.errors import EmbeddingFailed
 from agentevolver.memory_service.settings import DEFAULT_EMBEDDING_MODEL, EmbeddingSettings
+from agentevolver.registry import Registry
 
 __all__ = ["EMBEDDERS", "Embedder", "build_embedder", "normalise", "register_embedder"]
 
@@ -46,29 +47,18 @@ class Embedder(Protocol):
 
 
 EmbedderFactory = Callable[[EmbeddingSettings], Embedder]
-EMBEDDERS: dict[str, EmbedderFactory] = {}
+#: Embedding backends by name (``embedding.backend``).
+EMBEDDERS: Registry[EmbedderFactory] = Registry("embedding backend", "embedding.backend")
 
 
 def register_embedder(name: str) -> Callable[[EmbedderFactory], EmbedderFactory]:
-    """Register a backend under the name ``embedding.backend`` uses."""
-
-    def deco(factory: EmbedderFactory) -> EmbedderFactory:
-        EMBEDDERS[name] = factory
-        return factory
-
-    return deco
+    """Register a backend under the name ``embedding.backend`` uses (a name taken by another is an error)."""
+    return EMBEDDERS.register(name)
 
 
 def build_embedder(settings: EmbeddingSettings) -> Embedder:
     """The embedder ``settings.backend`` names (loads the model / probes the endpoint now)."""
-    try:
-        factory = EMBEDDERS[settings.backend]
-    except KeyError:
-        raise ConfigError(
-            f"embedding.backend = {settings.backend!r} is not a registered backend; known: "
-            f"{', '.join(sorted(EMBEDDERS))}"
-        ) from None
-    return factory(settings)
+    return EMBEDDERS.get(settings.backend)(settings)
 
 
 def normalise(vectors: np.ndarray) -> np.ndarray:

@@ -30,10 +30,10 @@ from typing import Protocol
 import numpy as np
 from filelock import FileLock, Timeout
 
-from agentevolver.errors import ConfigError
 from agentevolver.memory_service.errors import StoreMismatch
 from agentevolver.memory_service.models import TaskMemory
 from agentevolver.memory_service.settings import StoreSettings
+from agentevolver.registry import Registry
 
 __all__ = ["STORES", "FaissStore", "SearchHit", "VectorStore", "open_store", "register_store"]
 
@@ -85,28 +85,21 @@ class VectorStore(Protocol):
 
 
 StoreFactory = Callable[[Path, str, int, StoreSettings], VectorStore]
-STORES: dict[str, StoreFactory] = {}
+#: Vector-store backends by name (``store.backend``).
+STORES: Registry[StoreFactory] = Registry("vector store", "store.backend")
 
 
 def register_store(name: str) -> Callable[[StoreFactory], StoreFactory]:
-    """Register a backend ``factory(data_dir, embedder_identity, dim, settings)`` under ``store.backend``'s name."""
+    """Register a backend ``factory(data_dir, embedder_identity, dim, settings)`` under ``store.backend``'s name.
 
-    def deco(factory: StoreFactory) -> StoreFactory:
-        STORES[name] = factory
-        return factory
-
-    return deco
+    A name taken by another backend is an error, so two plugins cannot silently replace each other.
+    """
+    return STORES.register(name)
 
 
 def open_store(settings: StoreSettings, data_dir: Path, embedder_identity: str, dim: int) -> VectorStore:
     """Open (creating if needed) the store ``settings.backend`` names."""
-    try:
-        factory = STORES[settings.backend]
-    except KeyError:
-        raise ConfigError(
-            f"store.backend = {settings.backend!r} is not a registered store; known: {', '.join(sorted(STORES))}"
-        ) from None
-    return factory(data_dir, embedder_identity, dim, settings)
+    return STORES.get(settings.backend)(data_dir, embedder_identity, dim, settings)
 
 
 def _record_json(memory: TaskMemory) -> str:

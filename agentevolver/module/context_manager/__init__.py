@@ -23,6 +23,7 @@ from agentevolver.module.context_manager.linear_think import LinearThinkContextM
 from agentevolver.module.context_manager.memory import MemoryContextManager, memory_markdown
 from agentevolver.module.context_manager.messages import Author, ContextMessage, as_chat_message
 from agentevolver.module.context_manager.registry import (
+    CONTEXT_MANAGERS,
     context_manager_names,
     get_context_manager,
     make_context_manager,
@@ -34,6 +35,7 @@ from agentevolver.module.context_manager.text import strip_think
 from agentevolver.module.context_manager.timeline import ContextResult, Timeline
 
 __all__ = [
+    "CONTEXT_MANAGERS",
     "DEFAULT_CLIPPER_PROMPT",
     "DEFAULT_THINK_HINT",
     "SUMMARY_HEADER",

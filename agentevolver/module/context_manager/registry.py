@@ -1,6 +1,6 @@
 """Context managers by name: ``@register_context_manager("linear")`` and :func:`make_context_manager`.
 
-The config names the manager (``context_template``); adding one is a decorated subclass, no edit
+The config names the manager (``agent_flow.context_template``); adding one is a decorated subclass, no edit
 elsewhere (verl's ``register_policy_loss`` pattern).
 """
 
@@ -9,26 +9,31 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
-from agentevolver.errors import ConfigError
 from agentevolver.module.context_manager.base import ContextManager
 from agentevolver.module.context_manager.config import ContextManagerConfig
+from agentevolver.registry import Registry
 
-__all__ = ["context_manager_names", "get_context_manager", "make_context_manager", "register_context_manager"]
+__all__ = [
+    "CONTEXT_MANAGERS",
+    "context_manager_names",
+    "get_context_manager",
+    "make_context_manager",
+    "register_context_manager",
+]
 
-_REGISTRY: dict[str, type[ContextManager]] = {}
+#: Context managers by name (``agent_flow.context_template``).
+CONTEXT_MANAGERS: Registry[type[ContextManager]] = Registry("context manager", "agent_flow.context_template")
 _T = TypeVar("_T", bound=type[ContextManager])
 
 
 def register_context_manager(name: str) -> Callable[[_T], _T]:
-    """Class decorator: make ``cls`` selectable as ``name``; a name taken twice is an error."""
+    """Class decorator: make ``cls`` selectable as ``name``; a name taken by another class is an error."""
 
     def decorate(cls: _T) -> _T:
-        if not issubclass(cls, ContextManager):
-            raise TypeError(f"{cls.__name__} must subclass ContextManager to be registered")
-        if name in _REGISTRY and _REGISTRY[name] is not cls:
-            raise ValueError(f"context manager {name!r} is already registered ({_REGISTRY[name].__name__})")
+        if not (isinstance(cls, type) and issubclass(cls, ContextManager)):
+            raise TypeError(f"{cls!r} must subclass ContextManager to be registered")
+        CONTEXT_MANAGERS.add(name, cls)
         cls.name = name
-        _REGISTRY[name] = cls
         return cls
 
     return decorate
@@ -36,17 +41,12 @@ def register_context_manager(name: str) -> Callable[[_T], _T]:
 
 def context_manager_names() -> list[str]:
     """Registered names, sorted."""
-    return sorted(_REGISTRY)
+    return CONTEXT_MANAGERS.names()
 
 
 def get_context_manager(name: str) -> type[ContextManager]:
-    """The class registered as ``name``; ConfigError listing the valid names otherwise."""
-    try:
-        return _REGISTRY[name]
-    except (KeyError, TypeError):
-        raise ConfigError(
-            f"context_template must be one of {', '.join(context_manager_names())}; got {name!r}"
-        ) from None
+    """The class registered as ``name``; :class:`~agentevolver.errors.UnknownNameError` listing the names."""
+    return CONTEXT_MANAGERS.get(name)
 
 
 def make_context_manager(

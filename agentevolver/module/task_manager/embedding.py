@@ -15,18 +15,18 @@ import re
 import threading
 import zlib
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
 
 from agentevolver.errors import ConfigError
-from agentevolver.module.task_manager.registry import Registry
+from agentevolver.registry import Registry
 
 __all__ = ["EMBEDDERS", "Embedder", "MiniLMEmbedder", "NgramEmbedder", "normalize_text"]
 
 #: Embedders by name (``task_manager.dedup.embedder``).
-EMBEDDERS: Registry[Embedder] = Registry("embedder", "task_manager.dedup.embedder")
+EMBEDDERS: Registry[Callable[..., Embedder]] = Registry("embedder", "task_manager.dedup.embedder")
 
 _SPACE = re.compile(r"\s+")
 _EDGE_PUNCTUATION = " .,;:!?\"'`"

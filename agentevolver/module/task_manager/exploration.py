@@ -15,12 +15,13 @@ import json
 import logging
 import random
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 
 from agentevolver.module.task_manager.deps import ROLE_EXPLORER, TaskManagerDeps
 from agentevolver.module.task_manager.prompts import EXPLORER_INSTRUCTIONS, EXPLORER_TOOLS
-from agentevolver.module.task_manager.registry import Registry
 from agentevolver.module.task_manager.transcript import for_chat_server
 from agentevolver.module.tools import truncate_text
+from agentevolver.registry import Registry
 from agentevolver.schema import ChatMessage, Task, Trajectory
 
 __all__ = ["EXPLORATION_STRATEGIES", "ExplorationStrategy", "RandomWalk", "query_position"]
@@ -28,7 +29,9 @@ __all__ = ["EXPLORATION_STRATEGIES", "ExplorationStrategy", "RandomWalk", "query
 logger = logging.getLogger(__name__)
 
 #: Exploration strategies by name (``task_manager.strategy``).
-EXPLORATION_STRATEGIES: Registry[ExplorationStrategy] = Registry("exploration strategy", "task_manager.strategy")
+EXPLORATION_STRATEGIES: Registry[Callable[..., ExplorationStrategy]] = Registry(
+    "exploration strategy", "task_manager.strategy"
+)
 
 #: Operations of the profile a random walk is pointed at first.
 FOCUS_OPERATIONS = 2

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import re
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -27,16 +27,18 @@ from agentevolver.module.task_manager.prompts import (
     FILTER_SYSTEM,
     FILTER_USER,
 )
-from agentevolver.module.task_manager.registry import Registry
+from agentevolver.registry import Registry
 from agentevolver.schema import TaskObjective
 
 __all__ = ["POST_FILTERS", "REALTIME_FILTERS", "DedupFilter", "Dropped", "FilterResult", "LlmFeasibilityFilter",
            "PostFilter", "RealtimeFilter", "Verdict"]
 
 #: Real-time filters by name (``task_manager.realtime_filters``).
-REALTIME_FILTERS: Registry[RealtimeFilter] = Registry("real-time filter", "task_manager.realtime_filters")
+REALTIME_FILTERS: Registry[Callable[..., RealtimeFilter]] = Registry(
+    "real-time filter", "task_manager.realtime_filters"
+)
 #: Post filters by name (``task_manager.post_filters``).
-POST_FILTERS: Registry[PostFilter] = Registry("post filter", "task_manager.post_filters")
+POST_FILTERS: Registry[Callable[..., PostFilter]] = Registry("post filter", "task_manager.post_filters")
 
 _NUMBER = re.compile(r"-?\d+(?:\.\d+)?")
 

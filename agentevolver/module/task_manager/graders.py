@@ -22,7 +22,7 @@ from __future__ import annotations
 import logging
 import threading
 from abc import ABC, abstractmethod
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -40,9 +40,9 @@ from agentevolver.module.task_manager.prompts import (
     GRADER_SYSTEM,
     GRADER_USER,
 )
-from agentevolver.module.task_manager.registry import Registry
 from agentevolver.module.task_manager.store import task_from_row
 from agentevolver.module.task_manager.transcript import render_transcript
+from agentevolver.registry import Registry
 from agentevolver.schema import Reward, Task
 
 __all__ = ["GRADERS", "EnvGrader", "Grader", "GraderPool", "LlmJudgeGrader", "agrade_episode", "episode_part"]
@@ -50,7 +50,7 @@ __all__ = ["GRADERS", "EnvGrader", "Grader", "GraderPool", "LlmJudgeGrader", "ag
 logger = logging.getLogger(__name__)
 
 #: Graders by name (``task_manager.grader.original_grader`` / ``synthetic_grader``).
-GRADERS: Registry[Grader] = Registry("grader", "task_manager.grader.synthetic_grader")
+GRADERS: Registry[Callable[..., Grader]] = Registry("grader", "task_manager.grader.synthetic_grader")
 
 #: Authors of the policy's own messages in an episode record (agent flow's context manager).
 _POLICY_AUTHORS = ("llm", "llm(do_not_train)")

@@ -12,10 +12,10 @@ from __future__ import annotations
 import logging
 import random
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from agentevolver.config.schema import MixtureSection
-from agentevolver.module.task_manager.registry import Registry
+from agentevolver.registry import Registry
 from agentevolver.schema import TaskObjective
 
 __all__ = ["MIXTURES", "MixtureStrategy", "OriginalOnlyMixture", "UnifiedMixture"]
@@ -23,7 +23,7 @@ __all__ = ["MIXTURES", "MixtureStrategy", "OriginalOnlyMixture", "UnifiedMixture
 logger = logging.getLogger(__name__)
 
 #: Mixture strategies by name (``task_manager.mixture.strategy``).
-MIXTURES: Registry[MixtureStrategy] = Registry("mixture strategy", "task_manager.mixture.strategy")
+MIXTURES: Registry[Callable[..., MixtureStrategy]] = Registry("mixture strategy", "task_manager.mixture.strategy")
 
 
 class MixtureStrategy(ABC):

@@ -2,9 +2,10 @@
 
 ``@function_tool`` and ``@class_tool`` register into the process-wide :func:`default_registry` (so a config
 can list plugin modules whose import registers their tools), or into the registry passed as ``registry=``
-(tests, and programs that keep several catalogues). A name can be registered once: a second tool under the
-same name is an error at registration, whatever its kind (verl lets YAML tools overwrite one another and
-keeps both schemas in the prompt, seed 001 section 4).
+(tests, and programs that keep several catalogues). Each catalogue is an :class:`agentevolver.registry.Registry`:
+a name can be registered once, and a second tool under the same name is a
+:class:`~agentevolver.errors.DuplicateNameError` at registration, whatever its kind (verl lets YAML tools
+overwrite one another and keeps both schemas in the prompt, seed 001 section 4).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from agentevolver.module.tools.function_tool import FunctionTool
 from agentevolver.module.tools.selection import validate_tool_selection
 from agentevolver.module.tools.toolset import ToolSet
 from agentevolver.module.tools.truncation import TruncateSide
+from agentevolver.registry import Registry
 
 __all__ = ["ToolRegistry", "class_tool", "default_registry", "function_tool"]
 
@@ -39,49 +41,42 @@ def as_entry(tool: ToolLike) -> ToolEntry:
     )
 
 
+def _origin(entry: ToolEntry) -> str:
+    """Where a tool was defined ("module.qualname"), for duplicate-name errors (a function: picklable)."""
+    return entry.origin
+
+
 class ToolRegistry:
     """Name -> tool entry. Holds definitions only (immutable, shared); episodes get a :class:`ToolSet`."""
 
     def __init__(self, tools: Iterable[ToolLike] = ()) -> None:
         """Register each of ``tools`` in order (duplicates raise)."""
-        self._tools: dict[str, ToolEntry] = {}
+        self._tools: Registry[ToolEntry] = Registry("tool", describe=_origin, hint="rename one, or pass name=...")
         for tool in tools:
             self.add(tool)
 
     def add(self, tool: ToolLike) -> ToolEntry:
-        """Register ``tool`` and return its entry; a name already taken raises ConfigError naming both."""
+        """Register ``tool`` and return its entry; a name taken by another tool raises naming both."""
         entry = as_entry(tool)
-        existing = self._tools.get(entry.name)
-        if existing is not None:
-            raise ConfigError(
-                f"duplicate tool name {entry.name!r}: {entry.origin} and {existing.origin} both use it; "
-                "tool names must be unique (rename one, or pass name=...)"
-            )
-        self._tools[entry.name] = entry
-        return entry
+        return self._tools.add(entry.name, entry)
 
     def remove(self, name: str) -> None:
         """Unregister ``name`` (e.g. before registering a reloaded module's version)."""
-        self._tools.pop(name, None)
+        self._tools.remove(name)
 
     def names(self) -> list[str]:
         """Registered names in registration order (the prompt's tool order when no selection is given)."""
         return list(self._tools)
 
     def get(self, name: str) -> ToolEntry:
-        """The entry registered as ``name``; ConfigError listing the known names otherwise."""
-        try:
-            return self._tools[name]
-        except KeyError:
-            raise ConfigError(
-                f"unknown tool {name!r}; registered tools: {', '.join(self._tools) or 'none'}"
-            ) from None
+        """The entry registered as ``name``; :class:`~agentevolver.errors.UnknownNameError` listing the names."""
+        return self._tools.get(name)
 
     def __contains__(self, name: object) -> bool:
         return name in self._tools
 
     def __iter__(self) -> Iterator[ToolEntry]:
-        return iter(list(self._tools.values()))
+        return iter([entry for _, entry in self._tools.items()])
 
     def __len__(self) -> int:
         return len(self._tools)
@@ -92,7 +87,7 @@ class ToolRegistry:
 
     def select(self, tool_selection: Any = None) -> list[ToolEntry]:
         """The entries a sample's ``tool_selection`` makes available, in selection order."""
-        return [self._tools[name] for name in self.validate_selection(tool_selection)]
+        return [self._tools.get(name) for name in self.validate_selection(tool_selection)]
 
     def schemas(self, tool_selection: Any = None) -> list[dict[str, Any]]:
         """Prompt schemas of the selected tools (e.g. for prompt-length estimates at data load)."""

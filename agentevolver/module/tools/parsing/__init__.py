@@ -6,6 +6,7 @@ by the ``tool_parser`` config key like any built-in.
 """
 
 from agentevolver.module.tools.parsing.base import (
+    PARSERS,
     ParsedAction,
     ParserSpec,
     ToolCallParser,
@@ -23,6 +24,7 @@ from agentevolver.module.tools.parsing.python_code import PythonCodeParser
 from agentevolver.module.tools.parsing.qwen3_coder import Qwen3CoderParser
 
 __all__ = [
+    "PARSERS",
     "CompositeParser",
     "FinalAnswerParser",
     "HermesParser",

@@ -15,9 +15,11 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from agentevolver.errors import ConfigError
+from agentevolver.registry import Registry
 from agentevolver.schema.message import ToolCall
 
 __all__ = [
+    "PARSERS",
     "ParsedAction",
     "ToolCallParser",
     "assign_call_ids",
@@ -123,7 +125,8 @@ class ToolCallParser(ABC):
 
 
 _ParserT = TypeVar("_ParserT", bound=type[ToolCallParser])
-_PARSERS: dict[str, type[ToolCallParser]] = {}
+#: Tool-call parsers by name (``tool_parser``).
+PARSERS: Registry[type[ToolCallParser]] = Registry("tool parser", "tool_parser")
 
 
 def register_parser(name: str) -> Callable[[_ParserT], _ParserT]:
@@ -133,14 +136,8 @@ def register_parser(name: str) -> Callable[[_ParserT], _ParserT]:
     """
 
     def decorator(cls: _ParserT) -> _ParserT:
-        existing = _PARSERS.get(name)
-        if existing is not None and existing is not cls:
-            raise ConfigError(
-                f"tool parser {name!r} is already registered by {existing.__module__}.{existing.__qualname__}; "
-                "pick another name"
-            )
+        PARSERS.add(name, cls)
         cls.name = name
-        _PARSERS[name] = cls
         return cls
 
     return decorator
@@ -148,14 +145,12 @@ def register_parser(name: str) -> Callable[[_ParserT], _ParserT]:
 
 def parser_names() -> list[str]:
     """Registered parser names, sorted."""
-    return sorted(_PARSERS)
+    return PARSERS.names()
 
 
 def get_parser(name: str, **options: Any) -> ToolCallParser:
     """Instantiate the parser registered as ``name`` with its ``options`` (e.g. ``tool_name`` for python_code)."""
-    cls = _PARSERS.get(name)
-    if cls is None:
-        raise ConfigError(f"unknown tool parser {name!r}; registered parsers: {', '.join(parser_names())}")
+    cls = PARSERS.get(name)
     try:
         return cls(**options)
     except TypeError as err:
