@@ -4,7 +4,7 @@ Hydra composes the root config (``config/agentevolver.yaml``: verl's ``ppo_train
 sections) or a preset from ``examples/`` (``--config-name quickstart``). This module validates our
 sections (every problem named at once), resolves the model path (built-in names such as ``tiny-test``
 work) and the rollout dump folder, and hands over to verl's ``run_ppo`` with
-our :class:`~agentevolver.module.trainer.task_runner.TaskRunner`: ``ray.init`` -> TaskRunner actor ->
+our :class:`~agentevolver.verl.task_runner.TaskRunner`: ``ray.init`` -> TaskRunner actor ->
 workers, rollout servers, agent loops -> ``fit()``.
 """
 
@@ -20,7 +20,7 @@ from omegaconf import DictConfig, open_dict
 from agentevolver.config import validate_config
 from agentevolver.errors import AgentEvolverError, ConfigError
 
-__all__ = ["main", "prepare_config", "train"]
+__all__ = ["check_verl_patches", "main", "prepare_config", "train"]
 
 logger = logging.getLogger(__name__)
 
@@ -45,7 +45,7 @@ def _check_loggers(value: object) -> None:
     """``trainer.logger`` names only backends that exist (verl's would fail later, inside a Ray actor)."""
     from verl.utils.tracking import Tracking
 
-    from agentevolver.module.trainer.tracking import OWN_BACKENDS
+    from agentevolver.verl.tracking import OWN_BACKENDS
 
     names = [value] if isinstance(value, str) else list(value or [])
     known = [*OWN_BACKENDS, *Tracking.supported_backend]
@@ -54,13 +54,26 @@ def _check_loggers(value: object) -> None:
         raise ConfigError(f"trainer.logger: unknown backend(s) {unknown}; choose from {known}")
 
 
+def check_verl_patches() -> None:
+    """Every guard of :mod:`agentevolver.verl.patches`, here on the driver before Ray starts: a verl that no
+    longer matches a patch stops the run with the verl version and the patch named."""
+    from agentevolver.verl import cpu_platform, patches
+
+    try:
+        patches.check_all(cpu=cpu_platform.selected())
+    except patches.VerlChangedError as err:
+        raise ConfigError(str(err)) from err
+
+
 def train(cfg: DictConfig) -> None:
     """Run one training job (blocking)."""
     from verl.trainer.main_ppo import run_ppo
 
-    from agentevolver.module.trainer.task_runner import TaskRunner
+    from agentevolver.verl.task_runner import TaskRunner
 
-    run_ppo(prepare_config(cfg), task_runner_class=TaskRunner)
+    cfg = prepare_config(cfg)
+    check_verl_patches()
+    run_ppo(cfg, task_runner_class=TaskRunner)
 
 
 @hydra.main(config_path=None, config_name="agentevolver", version_base=None)
@@ -73,4 +86,11 @@ def main(cfg: DictConfig) -> None:
 
 
 if __name__ == "__main__":
+    from agentevolver.config.reference_check import check_hydra_argv
+
+    try:  # a reference AgentEvolver preset would fail inside Hydra: name its old keys and their new names
+        check_hydra_argv(sys.argv[1:])
+    except ConfigError as err:
+        print(f"error: {err}", file=sys.stderr)
+        sys.exit(2)
     main()

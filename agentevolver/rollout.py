@@ -50,8 +50,8 @@ async def run_rollout(args: argparse.Namespace, console: Console) -> tuple[list[
     from agentevolver.module.agent_flow.dump import rollout_dump_dir
     from agentevolver.module.agent_flow.flow import clipper_for
     from agentevolver.module.agent_flow.runner import group_specs, run_episodes
-    from agentevolver.module.agent_flow.verl_loop import flow_budgets, retriever_for
-    from agentevolver.module.trainer.task_dataset import spread_over, task_rows
+    from agentevolver.verl.agent_loop import flow_budgets, retriever_for
+    from agentevolver.verl.task_dataset import spread_over, task_rows
 
     cfg, settings = load_config(args.overrides, config_name=args.config_name)
     rollout = cfg.actor_rollout_ref.rollout

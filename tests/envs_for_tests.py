@@ -94,3 +94,31 @@ class Lottery(_TenTasks):
 
     def evaluate(self, sparse: bool) -> float:
         return self.score
+
+
+@register_env("lottery_turns")
+class LotteryTurns(_TenTasks):
+    """Three-step episodes scored like ``lottery`` on the last answer: a multi-turn episode whose reward varies
+    between samples whatever model answers, so multi-sample context managers get non-zero advantages."""
+
+    isolation = "inline"
+    turns = 3
+
+    def __init__(self, task_id: str, instance_id: str, params: dict) -> None:
+        super().__init__(task_id, instance_id, params)
+        self.score = 0.0
+        self.steps = 0
+
+    def reset(self) -> list[ChatMessage]:
+        return [ChatMessage(role="system", content="Answer in a few words."),
+                ChatMessage(role="user", content=f"Task {self.task_id}: say something, three times.")]
+
+    def step(self, action: ChatMessage) -> StepOutcome:
+        self.steps += 1
+        self.score = float(sum(map(ord, action.content)) % 2)
+        done = self.steps >= self.turns
+        state = [] if done else [ChatMessage(role="user", content=f"Turn {self.steps + 1}: again.")]
+        return StepOutcome(state=state, reward=self.score if done else 0.0, is_terminated=done)
+
+    def evaluate(self, sparse: bool) -> float:
+        return self.score

@@ -42,8 +42,8 @@ from agentevolver.module.adv_processor import (
 )
 from agentevolver.module.adv_processor.judge_prompt import StepText, clip_text
 from agentevolver.module.agent_flow import AgentFlow, AgentFlowConfig, EpisodeSpec
-from agentevolver.module.agent_flow.verl_loop import to_agent_loop_output
 from agentevolver.module.tools import ToolRegistry
+from agentevolver.verl.agent_loop import to_agent_loop_output
 
 GOOD, BAD = True, False
 

@@ -44,8 +44,8 @@ from agentevolver.module.agent_flow import (
     rollout_dump_path,
 )
 from agentevolver.module.agent_flow.runner import group_specs, run_episodes
-from agentevolver.module.agent_flow.verl_loop import AgentEvolverAgentLoop, episode_spec_from_row
 from agentevolver.module.tools import ToolRegistry, ToolResult
+from agentevolver.verl.agent_loop import AgentEvolverAgentLoop, episode_spec_from_row
 from env_service.environments.calc.tasks import get_task
 
 

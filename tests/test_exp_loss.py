@@ -8,7 +8,7 @@
 * the ``ppo_loss`` wrapper through verl's real ``ppo_loss`` on a ``TensorDict`` built the way verl's legacy
   trainer builds the actor's batch (``DataProto.to_tensordict`` -> ``left_right_2_no_padding`` -> the
   engine's micro-batching), with ``exp_off_cliprange_high`` in the batch's ``meta_info``;
-* patch 3: ``engine_workers.ppo_loss`` is the wrapper after a plain import, and its guard.
+* the actor gets the loss through verl's ``set_loss_fn`` (no patch): verl's ``ppo_loss`` stays its own.
 """
 
 from __future__ import annotations
@@ -17,8 +17,6 @@ import math
 import subprocess
 import sys
 import textwrap
-import types
-from pathlib import Path
 
 import pytest
 
@@ -35,8 +33,7 @@ from verl.workers.engine.utils import prepare_micro_batches  # noqa: E402
 from verl.workers.utils.losses import ppo_loss  # noqa: E402
 from verl.workers.utils.padding import left_right_2_no_padding, response_to_nested  # noqa: E402
 
-from agentevolver import verl_patches  # noqa: E402
-from agentevolver.module.exp_manager import loss as exp_loss  # noqa: E402
+from agentevolver.verl import exp_loss  # noqa: E402
 
 MODES = ["token-mean", "token-sum", "seq-mean-token-sum", "seq-mean-token-sum-norm", "seq-mean-token-mean"]
 LOW, HIGH, OFF_HIGH, DUAL = 0.2, 0.28, 0.6, 3.0
@@ -421,71 +418,26 @@ def test_wrapper_warns_once_when_the_loss_mode_ignores_exp_mask(monkeypatch, cap
     assert len(warnings) == 1
 
 
-# --- 5. patch 3 ---------------------------------------------------------------------------------------------
+# --- 5. how the actor gets the loss: verl's set_loss_fn, no patch ------------------------------------------
 
 
-def test_engine_workers_uses_the_wrapper_after_a_plain_import() -> None:
-    """A fresh interpreter: ``import verl.workers.engine_workers`` alone (the plugin does the rest)."""
+def test_the_loss_reaches_the_actor_through_set_loss_fn_without_a_patch() -> None:
+    """A fresh interpreter: verl's actor module keeps its own ``ppo_loss`` (nothing is rebound), the worker
+    has the public seam, and the loss function the trainer hands over pickles (Ray ships it to workers)."""
     script = textwrap.dedent("""
+        import inspect, pickle
+        from functools import partial
         import verl.workers.engine_workers as engine_workers
-        from agentevolver import verl_patches
-        from agentevolver.module.exp_manager.loss import exp_aware_ppo_loss
-        assert engine_workers.ppo_loss is exp_aware_ppo_loss, engine_workers.ppo_loss
-        assert verl_patches.exp_loss_is_applied()
-        assert verl_patches.apply_exp_loss() is False  # idempotent
+        from verl.workers.utils.losses import ppo_loss
+        from agentevolver.verl.exp_loss import exp_aware_ppo_loss
+        assert engine_workers.ppo_loss is ppo_loss, engine_workers.ppo_loss
+        assert "set_loss_fn" in vars(engine_workers.ActorRolloutRefWorker)
+        assert tuple(inspect.signature(engine_workers.ActorRolloutRefWorker.set_loss_fn).parameters) == (
+            "self", "loss_fn")
+        fn = pickle.loads(pickle.dumps(partial(exp_aware_ppo_loss, {"policy_loss": {}})))
+        assert fn.func is exp_aware_ppo_loss
         print("ok")
     """)
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=False)
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stdout.strip().endswith("ok")
-
-
-def _fake_engine_workers(tmp_path: Path, source: str) -> types.ModuleType:
-    import importlib.util
-
-    path = tmp_path / "fake_engine_workers.py"
-    path.write_text(textwrap.dedent(source))
-    spec = importlib.util.spec_from_file_location("fake_engine_workers", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-def test_exp_loss_patch_guard_rejects_a_changed_verl(tmp_path: Path) -> None:
-    changed_use = _fake_engine_workers(
-        tmp_path,
-        """
-        from functools import partial
-        def ppo_loss(config, model_output, data, dp_group=None):
-            return None
-        def build(actor_config):
-            return partial(ppo_loss, cfg=actor_config, extra=True)
-    """,
-    )
-    with pytest.raises(verl_patches.VerlChangedError, match="no longer contains"):
-        verl_patches._check_exp_loss(changed_use)
-
-    changed_signature = _fake_engine_workers(
-        tmp_path,
-        """
-        from functools import partial
-        def ppo_loss(config, model_output, data, dp_group=None, extra=None):
-            return None
-        def build(actor_config):
-            return partial(ppo_loss, config=actor_config)
-    """,
-    )
-    with pytest.raises(verl_patches.VerlChangedError, match="now takes"):
-        verl_patches._check_exp_loss(changed_signature)
-
-    no_source = types.ModuleType("no_source")
-    no_source.ppo_loss = lambda config, model_output, data, dp_group=None: None
-    with pytest.raises(verl_patches.VerlChangedError, match="cannot read the source"):
-        verl_patches._check_exp_loss(no_source)
-
-    with pytest.raises(verl_patches.VerlChangedError, match="does not exist"):
-        verl_patches._check_exp_loss(types.ModuleType("empty"))
-
-    import verl.workers.engine_workers as engine_workers
-
-    verl_patches._check_exp_loss(engine_workers)  # the installed verl passes

@@ -47,8 +47,8 @@ async def _record_flow_step(service: str, run: Path, step: int) -> None:
     from agentevolver.config import load_config
     from agentevolver.module.agent_flow import AgentFlow
     from agentevolver.module.agent_flow.runner import group_specs, run_episodes
-    from agentevolver.module.agent_flow.verl_loop import flow_budgets
-    from agentevolver.module.trainer.task_dataset import task_rows
+    from agentevolver.verl.agent_loop import flow_budgets
+    from agentevolver.verl.task_dataset import task_rows
 
     cfg, settings = load_config([f"env_service.env_url={service}", *COMMON])
     budgets = flow_budgets(cfg)

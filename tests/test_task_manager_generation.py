@@ -27,7 +27,7 @@ from agentevolver.module.agent_flow.episode import EpisodeSpec
 from agentevolver.module.task_manager import TaskManager, read_objectives, seed_tasks
 from agentevolver.module.task_manager.masking import MASK, query_fragments
 from agentevolver.module.task_manager.prompts import FILTER_SYSTEM, SUMMARIZER_SYSTEM
-from agentevolver.module.trainer.task_dataset import build_task_datasets
+from agentevolver.verl.task_dataset import build_task_datasets
 from env_service.environments.codebox.tasks import get_task
 
 

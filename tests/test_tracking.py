@@ -11,11 +11,11 @@ import pytest
 import verl.utils.tracking as verl_tracking
 from rich.console import Console
 
-from agentevolver import verl_patches
 from agentevolver.config import compose_config
 from agentevolver.errors import ConfigError
 from agentevolver.main_ppo import prepare_config
-from agentevolver.module.trainer.tracking import HEADER_EVERY, RunTracking, StepTable, read_metrics
+from agentevolver.verl import patches as verl_patches
+from agentevolver.verl.tracking import HEADER_EVERY, RunTracking, StepTable, read_metrics
 
 STEP_METRICS = {"critic/score/mean": 0.5, "episode/success_rate": 0.25, "response_length/mean": 41.2,
                 "num_turns/mean": 2.0, "actor/pg_loss": -0.0123, "actor/ppo_kl": 0.0004,

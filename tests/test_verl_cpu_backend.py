@@ -33,11 +33,11 @@ from pathlib import Path
 import pytest
 
 torch = pytest.importorskip("torch")
-from training_fixture import load_safetensors  # noqa: E402
+from training_fixture import load_safetensors, training_timeout  # noqa: E402
 
 pytest.importorskip("verl")
 
-SERVER_ACTOR = "hf_server_0_0"  # agentevolver.backends.cpu.rollout.server_actor_name(0)
+SERVER_ACTOR = "hf_server_0_0"  # agentevolver.verl.cpu_rollout.server_actor_name(0)
 
 REWARD_SOURCE = f'''
 """Test reward: a deterministic pseudo-random score of the text, and a dump of the rollout server's weights.
@@ -109,9 +109,9 @@ def test_plugin_registrations_in_this_process():
     from verl.workers.rollout.base import get_rollout_class
     from verl.workers.rollout.replica import get_rollout_replica_class
 
-    from agentevolver import verl_patches as patches
-    from agentevolver.backends.cpu.platform import PlatformCPU, torch_is_cpu_only
-    from agentevolver.backends.cpu.rollout import HFReplica, HFServerAdapter
+    from agentevolver.verl import patches
+    from agentevolver.verl.cpu_platform import PlatformCPU, torch_is_cpu_only
+    from agentevolver.verl.cpu_rollout import HFReplica, HFServerAdapter
 
     assert PlatformRegistry.get("cpu") is PlatformCPU
     assert get_rollout_replica_class("hf") is HFReplica
@@ -135,7 +135,7 @@ def test_device_module_has_every_attribute_verl_calls():
 
     import verl
 
-    from agentevolver.backends.cpu.platform import device_module
+    from agentevolver.verl.cpu_platform import device_module
 
     pattern = re.compile(r"get_torch_device\(\)\.(\w+)")
     used = set()
@@ -150,7 +150,7 @@ def test_when_imported_runs_after_the_import_and_survives_find_spec_probes(tmp_p
     import importlib.util
     import sys
 
-    from agentevolver.verl_plugin import when_imported
+    from agentevolver.verl.plugin import when_imported
 
     (tmp_path / "ae_hook_probe.py").write_text("VALUE = 41\n")
     monkeypatch.syspath_prepend(str(tmp_path))
@@ -169,7 +169,7 @@ def test_when_imported_runs_after_the_import_and_survives_find_spec_probes(tmp_p
 
 def test_patch_guard_rejects_a_changed_function():
     """The guard refuses to patch a function that does not look like verl 0.9.1's."""
-    from agentevolver.verl_patches import VerlChangedError, _check
+    from agentevolver.verl.patches import VerlChangedError, _check
 
     def initialize_global_process_group_ray(timeout_second=None, backend=None):
         return backend or "gloo"
@@ -189,8 +189,8 @@ def _server(**overrides: str):
     from omegaconf import OmegaConf
     from verl.workers.rollout.replica import RolloutMode
 
-    from agentevolver.backends.cpu.rollout import HFRolloutServer
     from agentevolver.models import resolve_model_path
+    from agentevolver.verl.cpu_rollout import HFRolloutServer
 
     config = _compose_cpu(
         [
@@ -266,13 +266,14 @@ async def test_server_weight_sync_must_cover_every_parameter():
     assert all(torch.equal(after[name], changed[name]) for name in names)
 
 
+@training_timeout
 def test_legacy_trainer_runs_grpo_on_cpu(tmp_path: Path):
     import ray
     from verl.trainer.main_ppo import run_ppo
     from verl.trainer.main_ppo_v0 import TaskRunner
 
-    from agentevolver.backends.cpu.platform import torch_is_cpu_only
     from agentevolver.models import resolve_model_path
+    from agentevolver.verl.cpu_platform import torch_is_cpu_only
 
     if not torch_is_cpu_only():
         pytest.skip("CPU backend test: needs the CPU build of torch")

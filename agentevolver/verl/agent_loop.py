@@ -8,8 +8,9 @@ verl's server manager (vLLM replicas on GPU, the CPU rollout server on CPU) with
 The dataset row carries the episode under ``task`` (an :class:`EpisodeSpec` dict without ``group_id``,
 which comes from verl's ``uid`` column so the ``rollout.n`` copies of a row form one GRPO group) and
 optionally ``rollout_id``. The output is the episode's final sample; everything else the trainer needs
-(step_ids, termination, reward parts, exp_mask, metrics, earlier samples of multi-sample context managers,
-the dump record) travels in ``extra_fields``.
+(step_ids, termination, reward parts, exp_mask, metrics, the dump record, and the earlier samples of
+multi-sample context managers, which the trainer turns into rows of their own:
+:mod:`agentevolver.verl.sample_rows`) travels in ``extra_fields``.
 
 Process-wide objects (the env client's connection pool, the flow with its parsed config, parser, tool
 catalogue, clipper client and cache of environment tool schemas) are cached per worker process, keyed by
@@ -34,6 +35,7 @@ from agentevolver.errors import ConfigError
 from agentevolver.module.agent_flow.config import AgentFlowConfig
 from agentevolver.module.agent_flow.episode import EpisodeResult, EpisodeSpec
 from agentevolver.module.agent_flow.flow import AgentFlow, clipper_for
+from agentevolver.module.task_manager.graders import GraderPool, agrade_episode
 
 __all__ = ["AGENT_LOOP_NAME", "AgentEvolverAgentLoop", "episode_spec_from_row", "flow_budgets", "retriever_for"]
 
@@ -126,8 +128,6 @@ def retriever_for(config: DictConfig) -> Any:
 def _shared_grader_pool(config: DictConfig) -> Any:
     """One grader pool per worker process and config: synthetic tasks name an LLM grader, and its client
     (connection pool, concurrency limit) is shared by every episode of the process."""
-    from agentevolver.module.task_manager.graders import GraderPool
-
     key = json.dumps({name: _plain(config[name]) for name in ("task_manager", "llm")}, sort_keys=True, default=str)
     with _CACHE_LOCK:
         pool = _GRADERS.get(key)
@@ -167,10 +167,16 @@ class AgentEvolverAgentLoop(AgentLoopBase):
         spec = episode_spec_from_row(kwargs)
         result = await self.flow.run(spec, sampling_params)
         if spec.metadata.get("evaluator", "env") != "env":  # a synthetic task: its own grader scores it
-            from agentevolver.module.task_manager.graders import agrade_episode
-
             result = await agrade_episode(result, spec, _shared_grader_pool(self.config))
         return to_agent_loop_output(result, self.tokenizer)
+
+
+def _sample_fields(sample: Any) -> dict[str, Any]:
+    """The token fields of one sample that become a training row (plain lists: they cross Ray as objects)."""
+    return {"prompt_ids": list(sample.prompt_ids), "response_ids": list(sample.response_ids),
+            "response_mask": list(sample.response_mask), "step_ids": list(sample.step_ids),
+            "response_logprobs": list(sample.response_logprobs) if sample.response_logprobs is not None else None,
+            "exp_mask": bool(sample.exp_mask)}
 
 
 def to_agent_loop_output(result: EpisodeResult, tokenizer: Any) -> AgentLoopOutput:
@@ -196,6 +202,9 @@ def to_agent_loop_output(result: EpisodeResult, tokenizer: Any) -> AgentLoopOutp
         "reward_success_rate": result.reward.success_rate,
         "reward_madness": result.reward.madness,
         "exp_mask": bool(sample.exp_mask) if sample is not None else False,
+        # Earlier samples of a multi-sample context manager, trained as rows of their own
+        # (agentevolver.verl.sample_rows); [] for a single-sample episode.
+        "other_samples": [_sample_fields(other) for other in result.samples[:-1]],
         "episode_metrics": result.metrics,
         "episode_record": record,
         # verl turns these into validation metrics per data source: acc/mean@k (avg@k) and acc/best@k.

@@ -4,7 +4,7 @@ verl resolves one platform per process (``verl.plugin.platform.get_platform``) a
 name, the ``torch.<device>`` module, the collective backend and the Ray resource to reserve. It ships
 nvidia/huawei/amd platforms only; on a CPU-only machine it falls back to ``nvidia`` and fails at the first
 ``cuda`` call. :class:`PlatformCPU` is registered as ``cpu`` by :func:`register` (called from
-``agentevolver.verl_plugin`` in every process) and is selected when
+``agentevolver.verl.plugin`` in every process) and is selected when
 
 * ``VERL_PLATFORM=cpu`` is set (verl's own override; the ``backend/cpu`` config preset sets it for every
   Ray worker), or
@@ -76,7 +76,7 @@ def _noop(*args: Any, **kwargs: Any) -> None:
 
 def _build_device_module() -> ModuleType:
     """``torch.cpu``'s public attributes plus the CUDA-module calls verl makes on ``get_torch_device()``."""
-    module = ModuleType("agentevolver.backends.cpu.platform.device_module")
+    module = ModuleType("agentevolver.verl.cpu_platform.device_module")
     module.__doc__ = "torch.cpu with no-op/zero stand-ins for the CUDA memory, RNG and info calls verl makes."
     for name in dir(torch.cpu):
         if not name.startswith("_"):

@@ -3,7 +3,7 @@
 verl's registries and entry points cover almost everything (platform, engines, rollout, agent loop, policy
 loss, advantage estimator); these three places have no seam:
 
-1. **Process-group backend on CPU** (:func:`apply`, installed by :mod:`agentevolver.verl_plugin` on the ``cpu``
+1. **Process-group backend on CPU** (:func:`apply`, installed by :mod:`agentevolver.verl.plugin` on the ``cpu``
    platform). Patched: ``verl.utils.distributed.initialize_global_process_group_ray(timeout_second=None,
    backend=None)``. Without an explicit ``backend`` it builds ``f"cpu:gloo,{get_device_name()}:
    {get_nccl_backend()}"``, meant as "gloo for CPU tensors, NCCL/HCCL for device tensors". On the ``cpu``
@@ -20,26 +20,24 @@ loss, advantage estimator); these three places have no seam:
    ``RayPPOTrainer.fit`` builds ``verl.utils.tracking.Tracking`` itself (``from verl.utils.tracking import
    Tracking`` inside the method) from ``trainer.logger``, and ``Tracking`` only knows a fixed list of
    backends, so a project cannot add one. The replacement is a subclass
-   (:class:`agentevolver.module.trainer.tracking.RunTracking`) that adds this project's ``table`` (the
+   (:class:`agentevolver.verl.tracking.RunTracking`) that adds this project's ``table`` (the
    per-step console table) and ``jsonl`` (``<run dir>/metrics.jsonl``) backends and passes every other
    name to verl unchanged.
 
-3. **Extra inputs of the policy loss** (:func:`apply_exp_loss`, installed by :mod:`agentevolver.verl_plugin`
-   right after ``verl.workers.engine_workers`` is imported, on every platform). Patched: the name
-   ``verl.workers.engine_workers.ppo_loss``. verl's ``ppo_loss`` (``verl.workers.utils.losses``) passes a
-   registered policy loss only fixed fields of the batch (old log-probs, advantages, response mask,
-   rollout-IS weights), so Self-Navigating's off-policy loss ``exp_on_off`` cannot see the batch's
-   ``exp_mask`` nor the ``exp_off_cliprange_high`` of its ``meta_info``. The actor worker builds its loss as
-   ``partial(ppo_loss, config=actor_config)`` from the name it imported, so rebinding that name (before the
-   worker's ``init_model``) makes it use :func:`agentevolver.module.exp_manager.loss.exp_aware_ppo_loss`,
-   which publishes both in a context variable for the call and then runs verl's ``ppo_loss`` unchanged (a
-   batch without ``exp_mask`` gets exactly verl's loss). verl's distillation loss (``distillation_ppo_loss``)
-   is not covered. Delete it once verl forwards extra batch fields to the policy loss.
+3. **Worker-side rollout class** (:func:`apply_rollout`, installed by :mod:`agentevolver.verl.plugin` right
+   after ``verl.workers.rollout.base`` is imported). verl's rollout worker finds its class through
+   ``get_rollout_class``, which reads the private dict ``_ROLLOUT_REGISTRY[(name, mode)]``; there is no
+   registration call (the replica side has ``RolloutReplicaRegistry``, which we use). One entry,
+   ``("hf", "async")`` -> :class:`agentevolver.verl.cpu_rollout.HFServerAdapter`, is added there.
+
+Not a patch any more: Self-Navigating's ``exp_on_off`` loss needs the batch's ``exp_mask``, which verl's
+``ppo_loss`` does not forward; the trainer hands the actor :func:`agentevolver.verl.exp_loss.exp_aware_ppo_loss`
+through verl's public ``set_loss_fn`` (:meth:`agentevolver.verl.trainer.AgentEvolverTrainer.init_workers`).
 
 Each ``apply*`` checks first that verl's code still looks as described (signature and the source it relies
-on) and raises :class:`VerlChangedError` otherwise, so a verl upgrade that changes it fails loudly in
-``tests/test_verl_cpu_backend.py`` / ``tests/test_trainer_stages.py`` / ``tests/test_exp_loss.py`` instead
-of silently patching something else.
+on) and raises :class:`VerlChangedError` otherwise. :func:`check_all` runs every guard on the driver
+(``main_ppo``, before ``ray.init``), so a verl upgrade that changes one stops the run there with the verl
+version and the patch named, instead of a warning inside a Ray worker while training goes on.
 """
 
 from __future__ import annotations
@@ -51,8 +49,8 @@ from collections.abc import Callable
 from types import ModuleType
 from typing import Any
 
-__all__ = ["EXP_LOSS_TARGET", "TARGET", "TRACKING_TARGET", "VerlChangedError", "apply", "apply_exp_loss",
-           "apply_tracking", "exp_loss_is_applied", "is_applied", "tracking_is_applied"]
+__all__ = ["ROLLOUT_TARGET", "TARGET", "TRACKING_TARGET", "VerlChangedError", "apply", "apply_rollout",
+           "apply_tracking", "check_all", "is_applied", "rollout_is_registered", "tracking_is_applied"]
 
 #: The patched function, as ``module:attribute``.
 TARGET = "verl.utils.distributed:initialize_global_process_group_ray"
@@ -78,12 +76,12 @@ def _check(function: Callable[..., Any]) -> None:
     if parameters != _EXPECTED_PARAMETERS:
         raise VerlChangedError(
             f"{TARGET} now takes {parameters}; the CPU patch expects {_EXPECTED_PARAMETERS}. Re-check "
-            "agentevolver/verl_patches.py against the installed verl."
+            "agentevolver/verl/patches.py against the installed verl."
         )
     if _EXPECTED_SOURCE not in _source(function, TARGET):
         raise VerlChangedError(
             f"{TARGET} no longer builds its default backend as {_EXPECTED_SOURCE}; verl may build a valid "
-            "string for cpu now. Re-check whether agentevolver/verl_patches.py (patch 1) is still needed."
+            "string for cpu now. Re-check whether agentevolver/verl/patches.py (patch 1) is still needed."
         )
 
 
@@ -139,14 +137,14 @@ def _check_tracking(tracking_cls: type, fit: Callable[..., Any]) -> None:
     if parameters != _TRACKING_PARAMETERS:
         raise VerlChangedError(
             f"{TRACKING_TARGET}.__init__ now takes {parameters}; the logger patch expects "
-            f"{_TRACKING_PARAMETERS}. Re-check agentevolver/verl_patches.py (patch 2) against the installed verl."
+            f"{_TRACKING_PARAMETERS}. Re-check agentevolver/verl/patches.py (patch 2) against the installed verl."
         )
     source = _source(fit, "RayPPOTrainer.fit")
     missing = [line for line in _FIT_SOURCE if line not in source]
     if missing:
         raise VerlChangedError(
             f"RayPPOTrainer.fit no longer contains {missing}: it may not build {TRACKING_TARGET} from "
-            "trainer.logger any more. Re-check agentevolver/verl_patches.py (patch 2)."
+            "trainer.logger any more. Re-check agentevolver/verl/patches.py (patch 2)."
         )
 
 
@@ -166,7 +164,7 @@ def apply_tracking() -> bool:
     import verl.utils.tracking as tracking
     from verl.trainer.ppo.ray_trainer import RayPPOTrainer
 
-    from agentevolver.module.trainer.tracking import RunTracking
+    from agentevolver.verl.tracking import RunTracking
 
     if getattr(tracking.Tracking, _MARKER, False):
         return False
@@ -176,55 +174,82 @@ def apply_tracking() -> bool:
     return True
 
 
-# --- 3. extra inputs of the policy loss ---------------------------------------------------------------
+# --- 3. worker-side rollout class -----------------------------------------------------------------------
 
-#: The rebound name, as ``module:attribute``.
-EXP_LOSS_TARGET = "verl.workers.engine_workers:ppo_loss"
-_PPO_LOSS_PARAMETERS = ("config", "model_output", "data", "dp_group")
-#: What ``engine_workers`` must still contain for the rebound name to be the actor's loss function.
-_ENGINE_WORKERS_SOURCE = "partial(ppo_loss, config=actor_config)"
+#: The table written to, as ``module:attribute``.
+ROLLOUT_TARGET = "verl.workers.rollout.base:_ROLLOUT_REGISTRY"
+#: Our entry: verl's rollout worker looks up ``(rollout.name, rollout.mode)`` and imports the dotted path.
+ROLLOUT_KEY = ("hf", "async")
+ROLLOUT_ADAPTER = "agentevolver.verl.cpu_rollout.HFServerAdapter"
+#: What ``get_rollout_class`` must still do for an entry of the table to be the class it builds.
+_ROLLOUT_SOURCE = "_ROLLOUT_REGISTRY[(rollout_name, mode)]"
 
 
-def _check_exp_loss(engine_workers: ModuleType) -> None:
-    ppo_loss = getattr(engine_workers, "ppo_loss", None)
-    if ppo_loss is None:
+def _check_rollout_registry(base: ModuleType) -> None:
+    table = getattr(base, "_ROLLOUT_REGISTRY", None)
+    if not isinstance(table, dict) or not all(isinstance(key, tuple) and len(key) == 2 for key in table):
         raise VerlChangedError(
-            f"{EXP_LOSS_TARGET} does not exist any more; re-check agentevolver/verl_patches.py (patch 3)."
-        )
-    parameters = tuple(inspect.signature(ppo_loss).parameters)
-    if parameters != _PPO_LOSS_PARAMETERS:
+            f"{ROLLOUT_TARGET} is no longer a dict keyed by (name, mode); the hf rollout cannot be registered "
+            "there. Re-check agentevolver/verl/patches.py (patch 3) against the installed verl.")
+    lookup = getattr(base, "get_rollout_class", None)
+    if lookup is None or _ROLLOUT_SOURCE not in _source(lookup, "verl.workers.rollout.base:get_rollout_class"):
         raise VerlChangedError(
-            f"{EXP_LOSS_TARGET} now takes {parameters}; the exp-loss patch expects {_PPO_LOSS_PARAMETERS}. "
-            "Re-check agentevolver/verl_patches.py (patch 3) against the installed verl."
-        )
-    if _ENGINE_WORKERS_SOURCE not in _source(engine_workers, engine_workers.__name__):
-        raise VerlChangedError(
-            f"{engine_workers.__name__} no longer contains {_ENGINE_WORKERS_SOURCE!r}: the actor may not "
-            "build its loss from the name ppo_loss any more. Re-check agentevolver/verl_patches.py (patch 3)."
-        )
+            f"verl.workers.rollout.base.get_rollout_class no longer reads {_ROLLOUT_SOURCE}; the hf rollout "
+            "entry would be ignored. Re-check agentevolver/verl/patches.py (patch 3).")
 
 
-def exp_loss_is_applied() -> bool:
-    """Whether :func:`apply_exp_loss` has rebound ``engine_workers.ppo_loss`` in this process."""
-    import verl.workers.engine_workers as engine_workers
+def rollout_is_registered() -> bool:
+    """Whether :func:`apply_rollout` has put the ``hf`` adapter in verl's table in this process."""
+    import verl.workers.rollout.base as base
 
-    from agentevolver.module.exp_manager.loss import exp_aware_ppo_loss
-
-    return engine_workers.ppo_loss is exp_aware_ppo_loss
+    return getattr(base, "_ROLLOUT_REGISTRY", {}).get(ROLLOUT_KEY) == ROLLOUT_ADAPTER
 
 
-def apply_exp_loss() -> bool:
-    """Make verl's actor worker use the exp-aware ``ppo_loss`` (idempotent); True when installed by this call.
+def apply_rollout(base: ModuleType | None = None) -> bool:
+    """Register the CPU rollout's worker-side class (idempotent); True when added by this call.
+
+    verl has a public registry for rollout *replicas* (``RolloutReplicaRegistry``, used for ours) but none
+    for the worker-side class: ``get_rollout_class`` reads a private dict, so this writes one entry there.
+    """
+    if base is None:
+        import verl.workers.rollout.base as base
+    _check_rollout_registry(base)
+    if base._ROLLOUT_REGISTRY.get(ROLLOUT_KEY) == ROLLOUT_ADAPTER:
+        return False
+    base._ROLLOUT_REGISTRY.setdefault(ROLLOUT_KEY, ROLLOUT_ADAPTER)
+    return True
+
+
+# --- every guard, on the driver ----------------------------------------------------------------------
+
+def check_all(cpu: bool) -> None:
+    """Run every patch's guard against the installed verl; called by ``main_ppo`` on the driver before Ray
+    starts, so a verl that no longer matches stops the run there, naming the verl version and the patch,
+    instead of a warning inside a Ray worker while training goes on. Patch 1 only matters on ``cpu``.
 
     Raises:
-        VerlChangedError: ``engine_workers`` or ``ppo_loss`` differs from what this patch expects.
+        VerlChangedError: the message starts with the verl version and the patch's number and target.
     """
-    import verl.workers.engine_workers as engine_workers
+    import verl
+    import verl.utils.distributed as distributed
+    import verl.utils.tracking as tracking
+    import verl.workers.rollout.base as base
+    from verl.trainer.ppo.ray_trainer import RayPPOTrainer
 
-    from agentevolver.module.exp_manager.loss import exp_aware_ppo_loss
-
-    if exp_loss_is_applied():
-        return False
-    _check_exp_loss(engine_workers)
-    engine_workers.ppo_loss = exp_aware_ppo_loss
-    return True
+    verl_tracking = tracking.Tracking
+    if getattr(verl_tracking, _MARKER, False):  # already replaced in this process: check verl's class
+        verl_tracking = verl_tracking.__bases__[0]
+    checks: list[tuple[str, Callable[[], None]]] = [
+        (f"patch 2 ({TRACKING_TARGET})", lambda: _check_tracking(verl_tracking, RayPPOTrainer.fit)),
+        (f"patch 3 ({ROLLOUT_TARGET})", lambda: _check_rollout_registry(base)),
+    ]
+    if cpu:
+        function = distributed.initialize_global_process_group_ray
+        original = getattr(function, "__wrapped__", function) if getattr(function, _MARKER, False) else function
+        checks.insert(0, (f"patch 1 ({TARGET})", lambda: _check(original)))
+    for name, check in checks:
+        try:
+            check()
+        except VerlChangedError as err:
+            raise VerlChangedError(
+                f"verl {getattr(verl, '__version__', '?')} does not match AgentEvolver's {name}: {err}") from err

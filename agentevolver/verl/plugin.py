@@ -7,16 +7,16 @@ plugin at debug level, so every step here logs its own failure at WARNING and th
 
 It registers:
 
-* the ``cpu`` verl platform (:mod:`agentevolver.backends.cpu.platform`), chosen by ``VERL_PLATFORM=cpu``
+* the ``cpu`` verl platform (:mod:`agentevolver.verl.cpu_platform`), chosen by ``VERL_PLATFORM=cpu``
   or by auto-detection when torch is a CPU-only build;
-* on the ``cpu`` platform only: the process-group backend patch (:mod:`agentevolver.verl_patches`)
-  and verl's FSDP engines for device ``cpu`` (:mod:`agentevolver.backends.cpu.engine`);
-* the rollout ``hf`` (:mod:`agentevolver.backends.cpu.rollout`): its replica in verl's
-  ``RolloutReplicaRegistry`` and its worker-side adapter in verl's rollout-class table;
-* AgentEvolver's agent loop ``agentevolver`` (:mod:`agentevolver.module.agent_flow.verl_loop`);
+* on the ``cpu`` platform only: the process-group backend patch (:mod:`agentevolver.verl.patches`)
+  and verl's FSDP engines for device ``cpu`` (:mod:`agentevolver.verl.cpu_engine`);
+* the rollout ``hf`` (:mod:`agentevolver.verl.cpu_rollout`): its replica in verl's
+  ``RolloutReplicaRegistry`` and its worker-side adapter in verl's rollout-class table (patch 3);
+* AgentEvolver's agent loop ``agentevolver`` (:mod:`agentevolver.verl.agent_loop`);
 * Self-Navigating's policy loss ``exp_on_off`` in verl's policy-loss registry
-  (:mod:`agentevolver.module.exp_manager.loss`), and on every platform the patch that makes verl's actor
-  worker call it with the batch's ``exp_mask`` (:func:`agentevolver.verl_patches.apply_exp_loss`).
+  (:mod:`agentevolver.verl.exp_loss`; the trainer gives the actor the loss function that shows it the
+  batch's ``exp_mask`` through verl's ``set_loss_fn``).
 
 Importing verl's engine, rollout or agent-loop modules here, inside ``import verl``, would cost every
 process seconds and risk circular imports. So all but the platform (which must exist before the first
@@ -38,8 +38,6 @@ from typing import Any
 __all__ = ["register_all", "when_imported"]
 
 logger = logging.getLogger(__name__)
-
-_ROLLOUT_ADAPTER = "agentevolver.backends.cpu.rollout.HFServerAdapter"
 
 
 class _AfterExecLoader(importlib.abc.Loader):
@@ -133,13 +131,13 @@ def when_imported(module_name: str, callback: Callable[[ModuleType], None]) -> N
 
 
 def _register_engines(module: ModuleType) -> None:
-    from agentevolver.backends.cpu import engine
+    from agentevolver.verl import cpu_engine as engine
 
     engine.register()
 
 
 def _load_hf_replica() -> type:
-    from agentevolver.backends.cpu.rollout import HFReplica
+    from agentevolver.verl.cpu_rollout import HFReplica
 
     return HFReplica
 
@@ -149,31 +147,26 @@ def _register_hf_replica(module: ModuleType) -> None:
 
 
 def _register_hf_adapter(module: ModuleType) -> None:
-    # verl has no public registration call for worker-side rollout classes: its table is this dict.
-    module._ROLLOUT_REGISTRY.setdefault(("hf", "async"), _ROLLOUT_ADAPTER)
+    from agentevolver.verl import patches
+
+    patches.apply_rollout(module)  # patch 3: verl has no registration call for worker-side rollout classes
 
 
 def _register_agent_loop(module: ModuleType) -> None:
-    import agentevolver.module.agent_flow.verl_loop  # noqa: F401  (registers "agentevolver" on import)
+    import agentevolver.verl.agent_loop  # noqa: F401  (registers "agentevolver" on import)
 
 
 def _register_exp_loss(module: ModuleType) -> None:
-    from agentevolver.module.exp_manager import loss
+    from agentevolver.verl import exp_loss as loss
 
     loss.register()
-
-
-def _apply_exp_loss_patch(module: ModuleType) -> None:
-    from agentevolver import verl_patches as patches
-
-    patches.apply_exp_loss()
 
 
 def register_all() -> None:
     """Everything listed in the module docstring; safe to call more than once."""
     cpu = False
     try:
-        from agentevolver.backends.cpu import platform
+        from agentevolver.verl import cpu_platform as platform
 
         platform.register()
         cpu = platform.selected()
@@ -181,7 +174,7 @@ def register_all() -> None:
         logger.warning("agentevolver verl plugin: registering the cpu platform failed", exc_info=True)
     if cpu:
         try:
-            from agentevolver import verl_patches as patches
+            from agentevolver.verl import patches
 
             patches.apply()
         except Exception:
@@ -194,7 +187,6 @@ def register_all() -> None:
     when_imported("verl.workers.rollout.base", _register_hf_adapter)
     when_imported("verl.experimental.agent_loop", _register_agent_loop)
     when_imported("verl.trainer.ppo.core_algos", _register_exp_loss)
-    when_imported("verl.workers.engine_workers", _apply_exp_loss_patch)
 
 
 register_all()

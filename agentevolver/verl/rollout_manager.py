@@ -8,12 +8,15 @@ wrapper forwards everything else to verl's manager unchanged, so no verl code is
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import logging
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from agentevolver.module.exp_manager.manager import ExperienceManager
 
-__all__ = ["ExperienceRolloutManager"]
+__all__ = ["ExperienceRolloutManager", "initial_rollouts"]
+
+logger = logging.getLogger(__name__)
 
 
 class ExperienceRolloutManager:
@@ -41,3 +44,34 @@ class ExperienceRolloutManager:
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.inner, name)
+
+
+def initial_rollouts(trainer: Any, rollout_manager: Any, limit: int | None) -> Iterator[Any]:
+    """The training tasks (at most ``limit``) rolled out once, ``rollout.n`` episodes each, without experience:
+    one verl ``DataProto`` per ``data.train_batch_size`` tasks, for Self-Navigating's initial memory
+    (:meth:`ExperienceManager.initial_summary`). Batches are padded to the agent-loop worker count like the
+    trainer's validation batches."""
+    import uuid
+
+    import numpy as np
+    from verl import DataProto
+    from verl.protocol import pad_dataproto_to_divisor, unpad_dataproto
+    from verl.utils.dataset.rl_dataset import collate_fn
+
+    config = trainer.config
+    dataset = trainer.train_dataset
+    count = len(dataset) if limit is None else min(limit, len(dataset))
+    batch_size = int(config.data.train_batch_size)
+    n = int(config.actor_rollout_ref.rollout.n)
+    divisor = int(config.actor_rollout_ref.rollout.agent.num_workers)
+    logger.info("Self-Navigating: building the memory from %d training tasks x %d episodes", count, n)
+    for begin in range(0, count, batch_size):
+        rows = [dataset[i] for i in range(begin, min(begin + batch_size, count))]
+        batch = DataProto.from_single_dict(collate_fn(rows))
+        batch.non_tensor_batch["uid"] = np.array([str(uuid.uuid4()) for _ in rows], dtype=object)
+        gen = trainer._get_gen_batch(batch)
+        gen.meta_info["global_steps"] = 0
+        gen = gen.repeat(repeat_times=n, interleave=True)
+        padded, pad = pad_dataproto_to_divisor(gen, divisor)
+        yield unpad_dataproto(rollout_manager.generate_sequences(padded), pad_size=pad)
+        logger.info("Self-Navigating: initial rollouts %d/%d tasks", min(begin + batch_size, count), count)

@@ -28,8 +28,8 @@ from torch.utils.data import Dataset
 
 from agentevolver.errors import AgentEvolverError, ConfigError
 from agentevolver.module.agent_flow.episode import EpisodeSpec
-from agentevolver.module.agent_flow.verl_loop import AGENT_LOOP_NAME
 from agentevolver.module.task_manager.seeds import spread_over
+from agentevolver.verl.agent_loop import AGENT_LOOP_NAME
 
 __all__ = ["TaskDataset", "build_task_datasets", "spread_over", "synthetic_pool", "task_rows",
            "tasks_from_env_service"]
@@ -129,18 +129,20 @@ def synthetic_pool(settings: Any, env_client: Any, llm: Any = None) -> list[Any]
     return pool
 
 
-def build_task_datasets(config: Any, *, env_client: Any = None, llm: Any = None) -> tuple[TaskDataset, TaskDataset]:
+def build_task_datasets(config: Any, settings: Any = None, *, env_client: Any = None,
+                        llm: Any = None) -> tuple[TaskDataset, TaskDataset]:
     """Train (mixture task manager) and validation (original-only task manager) datasets of a run.
 
     ``config`` is the composed config (Hydra node); ``data.train_max_samples`` / ``val_max_samples`` cap
     the original tasks of each split (spread over the split). ``env_client`` / ``llm`` default to clients
-    built from the config (and closed here).
+    built from the config (and closed here); ``settings`` are the run's validated sections (validated here
+    when None).
     """
     from agentevolver.client.env_client import EnvClient
     from agentevolver.config import validate_config
     from agentevolver.module.task_manager import TaskManager, objective_to_row, original_objectives
 
-    settings = validate_config(config)
+    settings = settings if settings is not None else validate_config(config)
     section = settings.env_service
     grader = settings.task_manager.grader.original_grader
     train_manager = TaskManager.from_settings(settings, env=env_client, llm=llm)

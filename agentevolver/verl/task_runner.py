@@ -19,12 +19,12 @@ __all__ = ["TaskRunner", "build_datasets"]
 logger = logging.getLogger(__name__)
 
 
-def build_datasets(config: DictConfig) -> tuple[Any, Any]:
+def build_datasets(config: DictConfig, settings: Any = None) -> tuple[Any, Any]:
     """Train (the mixture task manager: env train split + synthetic tasks) and validation (original tasks
     only) :class:`TaskDataset` of the run (:func:`~.task_dataset.build_task_datasets`)."""
-    from agentevolver.module.trainer.task_dataset import build_task_datasets
+    from agentevolver.verl.task_dataset import build_task_datasets
 
-    return build_task_datasets(config)
+    return build_task_datasets(config, settings)
 
 
 @ray.remote
@@ -33,23 +33,26 @@ class TaskRunner(BaseTaskRunner):
 
     def run(self, config: DictConfig) -> None:
         from verl.trainer.ppo.utils import create_rl_sampler, need_critic, need_reference_policy
-        from verl.utils.config import omega_conf_to_dataclass, validate_config
+        from verl.utils.config import omega_conf_to_dataclass
+        from verl.utils.config import validate_config as verl_validate_config
         from verl.utils.dataset.rl_dataset import collate_fn
         from verl.workers.config import HFModelConfig
 
-        import agentevolver.verl_plugin  # noqa: F401 - registrations in this process too
-        from agentevolver import verl_patches
-        from agentevolver.module.trainer.ppo_trainer import AgentEvolverTrainer
+        import agentevolver.verl.plugin  # noqa: F401 - registrations in this process too
+        from agentevolver.config import validate_config
+        from agentevolver.verl import patches as verl_patches
+        from agentevolver.verl.trainer import AgentEvolverTrainer
 
         OmegaConf.resolve(config)
         _, worker_group_cls = self.add_actor_rollout_worker(config)
         self.add_critic_worker(config)
         self.add_reward_model_resource_pool(config)
         self.add_teacher_model_resource_pool(config)
-        validate_config(config=config, use_reference_policy=need_reference_policy(config),
-                        use_critic=need_critic(config))
+        verl_validate_config(config=config, use_reference_policy=need_reference_policy(config),
+                             use_critic=need_critic(config))
+        settings = validate_config(config)  # our sections, once per run; passed down as typed settings
         model_config: HFModelConfig = omega_conf_to_dataclass(config.actor_rollout_ref.model)
-        train_dataset, val_dataset = build_datasets(config)
+        train_dataset, val_dataset = build_datasets(config, settings)
         trainer = AgentEvolverTrainer(
             config=config,
             tokenizer=model_config.tokenizer,
@@ -61,6 +64,7 @@ class TaskRunner(BaseTaskRunner):
             val_dataset=val_dataset,
             collate_fn=collate_fn,
             train_sampler=create_rl_sampler(config.data, train_dataset),
+            settings=settings,
         )
         verl_patches.apply_tracking()  # trainer.logger's `table` and `jsonl` backends
         trainer.init_workers()

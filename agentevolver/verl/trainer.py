@@ -1,30 +1,41 @@
-"""verl's ``RayPPOTrainer`` with this project's stages hooked in through its overridable methods.
+"""verl's ``RayPPOTrainer`` with this project's stages, each a named call with its own timer.
 
-We build on verl's legacy trainer (``trainer.use_v1=false``): its step is a sequence of methods
-(``_update_actor``, ``_log_rollout_data``, ``_compute_old_log_prob``, ...) that a subclass can extend
-without copying the loop, and it needs no TransferQueue service. The stages added here:
+We build on verl's legacy trainer (``trainer.use_v1=false``): its ``fit`` runs the step as a sequence of
+overridable methods, so a subclass adds stages without copying the loop, and it needs no TransferQueue
+service. **One training step**, in order (``*`` = ours; verl's timers are ``timing_s/gen``, ``reward``,
+``old_log_prob``, ``ref``, ``adv``, ``update_actor``, ...; ours are ``timing_s/<stage>``):
 
-* rollout dumps: ``_update_actor`` writes ``rollouts/step_<N>.jsonl`` (``agent_flow.dump.dir``) in our
-  format, with each episode's token advantages, *before* the update and the checkpoint, so a crash after
-  the checkpoint never loses a step's episodes (verl's own ``_log_rollout_data`` runs after both);
-* episode metrics: ``_update_actor`` adds success rate, how episodes ended, env/parse errors and the
-  generate/env time split to the step's metrics (verl logs what that method returns);
-* Self-Attributing (``attribution_driven_credit_assignment.enable``): ``_update_actor`` first lets
-  :class:`~agentevolver.module.adv_processor.AdcaStage` label each episode's steps with the judge LLM and
-  replace verl's GRPO advantages by ADCA-GRPO's (after rewards and GRPO, before the dump and the update),
-  so the dumps carry the labels (``step_flags``) and the advantages that were trained on;
-* Self-Navigating (``exp_manager`` / ``memory``): ``init_workers`` wraps verl's rollout manager so every
-  batch gets the experience plan (:class:`~agentevolver.module.exp_manager.rollout.ExperienceRolloutManager`)
-  and, before the first batch, the initial memory is built (``init_exp_before_training``);
-  ``_update_actor`` turns each episode's ``exp_mask`` into the token mask the ``exp_on_off`` loss reads
-  (plus ``exp_manager.off_cliprange_high`` in ``meta_info``) and afterwards submits the step's episodes for
-  summarisation (every ``memory.updated_freq`` steps); ``fit`` stops after the initial memory when
-  ``init_exp_only``.
+1. tasks: a batch of rows from :class:`~agentevolver.verl.task_dataset.TaskDataset` (the task manager's mixture)
+2. ``*`` experience plan (Self-Navigating): :class:`~agentevolver.verl.rollout_manager.ExperienceRolloutManager`
+   writes per-row keep/discard and add-experience columns; the first call builds the initial memory
+3. rollout: verl's agent-loop manager runs ``rollout.n`` episodes per task (:mod:`agentevolver.verl.agent_loop`);
+   the episode's reward is its score (env ``/evaluate`` or the task's grader)
+4. old / reference log-probs (verl; the rollout's in bypass mode), advantages (verl's ``compute_advantage``)
+5. ``*`` ``adca_judge`` (Self-Attributing): the judge labels steps, ADCA-GRPO advantages replace GRPO's
+6. ``*`` ``dump``: ``rollouts/step_<N>.jsonl`` with the advantages trained on (before the update and the
+   checkpoint, so a crash never loses a step's episodes)
+7. ``*`` ``episode_metrics``: success, how episodes ended, env/parse errors, generate/env time
+8. ``*`` ``sample_rows``: earlier samples of multi-sample episodes become rows with the episode's advantage
+   (:mod:`agentevolver.verl.sample_rows`), padded to whole mini-batches
+9. ``*`` ``exp_mask`` (Self-Navigating): per-token off-policy mask + clip for the ``exp_on_off`` loss
+10. ``*`` ``actor_update``: verl's actor update (the loss that reads ``exp_mask`` was given to the actor
+    through ``set_loss_fn`` in :meth:`AgentEvolverTrainer.init_workers`)
+11. ``*`` ``memory_summary`` (Self-Navigating): every ``memory.updated_freq`` steps the episodes are summarised
+    into the memory service in the background
+12. checkpoint, weights to the rollout servers, validation, logging (verl)
+
+Stages 5-11 run inside verl's ``update_actor`` timer, so ``timing_s/update_actor`` is their sum;
+``timing_s/actor_update`` is the update alone. The stage objects are built in ``__init__`` (a bad ADCA or
+memory config fails before any worker or rollout server starts) and closed in ``fit``'s ``finally``.
 """
 
 from __future__ import annotations
 
 import logging
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -32,13 +43,16 @@ import torch
 from verl import DataProto
 from verl.trainer.ppo.ray_trainer import RayPPOTrainer
 
+from agentevolver.config import validate_config
+from agentevolver.errors import ConfigError
 from agentevolver.module.adv_processor import AdcaStage
 from agentevolver.module.agent_flow.dump import RolloutDumpWriter
 from agentevolver.module.exp_manager.manager import ExperienceManager
-from agentevolver.module.exp_manager.rollout import ExperienceRolloutManager
-from agentevolver.module.trainer.episode_metrics import episode_metrics
+from agentevolver.verl.episode_metrics import episode_metrics
+from agentevolver.verl.rollout_manager import ExperienceRolloutManager, initial_rollouts
+from agentevolver.verl.sample_rows import expand_sample_rows, minibatch_rows, refusal
 
-__all__ = ["AgentEvolverTrainer", "dump_records"]
+__all__ = ["AgentEvolverTrainer", "dump_records", "exp_token_mask"]
 
 logger = logging.getLogger(__name__)
 
@@ -65,21 +79,55 @@ def dump_records(batch: DataProto, step: int, include_messages: bool = True) -> 
 
 
 class AgentEvolverTrainer(RayPPOTrainer):
-    """RayPPOTrainer plus ADCA advantages, Self-Navigating, rollout dumps and episode metrics (see the module
-    docstring)."""
+    """RayPPOTrainer plus this project's stages (see the module docstring for the step in order)."""
 
-    _adca: AdcaStage | None = None
-    _exp: ExperienceManager | None = None
+    #: Our stages of the update, in the order they run (each timed as ``timing_s/<name>``).
+    STAGES = ("adca_judge", "dump", "episode_metrics", "sample_rows", "exp_mask", "actor_update", "memory_summary")
 
-    # ------------------------------------------------------------------ Self-Navigating
+    def __init__(self, *args: Any, settings: Any = None, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.settings = settings if settings is not None else validate_config(self.config)
+        reason = refusal(
+            multi_sample=self.settings.agent_flow.context_template != "linear",
+            adv_estimator=str(self.config.algorithm.adv_estimator),
+            use_critic=bool(self.use_critic),
+            distillation=bool((self.config.get("distillation") or {}).get("enabled", False)),
+        )
+        if reason:
+            raise ConfigError(reason)
+        self._adca = AdcaStage(self.config, self.total_training_steps, settings=self.settings)
+        exp = ExperienceManager.from_config(self.config, self.settings)
+        self._exp: ExperienceManager | None = exp if exp.active else None
+        self._timings: dict[str, float] = {}
+
+    @contextmanager
+    def _stage(self, name: str) -> Iterator[None]:
+        started = time.perf_counter()
+        try:
+            yield
+        finally:
+            self._timings[f"timing_s/{name}"] = time.perf_counter() - started
+
+    # ------------------------------------------------------------------ start-up
     def init_workers(self) -> None:
         super().init_workers()
-        exp = ExperienceManager.from_config(self.config)
-        if exp.active:
-            exp.check_memory()
-            self._exp = exp
+        self._give_actor_exp_loss()
+        if self._exp is not None:
+            self._exp.check_memory()
             self.async_rollout_manager = ExperienceRolloutManager(
-                self.async_rollout_manager, exp, before_first=self._initial_memory)
+                self.async_rollout_manager, self._exp, before_first=self._initial_memory)
+
+    def _give_actor_exp_loss(self) -> None:
+        """The actor's loss through verl's ``set_loss_fn``: verl's ``ppo_loss`` that also shows a registered
+        policy loss the batch's ``exp_mask`` (equal to verl's own when the batch has none)."""
+        from verl.utils.config import omega_conf_to_dataclass
+
+        from agentevolver.verl.exp_loss import exp_aware_ppo_loss
+
+        if (self.config.get("distillation") or {}).get("enabled", False):
+            return  # verl's distillation loss stays (it does not see exp_mask: exp_on_off acts as vanilla there)
+        actor_config = omega_conf_to_dataclass(self.config.actor_rollout_ref.actor)
+        self.actor_rollout_wg.set_loss_fn(partial(exp_aware_ppo_loss, actor_config))
 
     def _initial_memory(self, rollout_manager: Any, validate: bool, step: int) -> None:
         """``init_exp_before_training`` on a fresh run: the first batch is validation at step 0 or training at
@@ -87,7 +135,8 @@ class AgentEvolverTrainer(RayPPOTrainer):
         assert self._exp is not None
         fresh = step == 0 if validate else step <= 1
         if self._exp.exp.init_exp_before_training and fresh:
-            self._exp.initial_summary(self, rollout_manager)
+            self._exp.initial_summary(
+                initial_rollouts(self, rollout_manager, self._exp.exp.init_exp_max_tasks))
 
     def fit(self) -> None:
         finished = False
@@ -100,12 +149,14 @@ class AgentEvolverTrainer(RayPPOTrainer):
         finally:
             if self._exp is not None:
                 self._exp.close(wait=finished)  # a failed or interrupted run does not wait on summaries
+            self._adca.close()
 
     def _build_memory_only(self) -> None:
         """``init_exp_only``: build the memory from the training tasks and stop (no update, no checkpoint)."""
         assert self._exp is not None and isinstance(self.async_rollout_manager, ExperienceRolloutManager)
         self.checkpoint_manager.update_weights(0)
-        metrics = self._exp.initial_summary(self, self.async_rollout_manager.inner)
+        metrics = self._exp.initial_summary(
+            initial_rollouts(self, self.async_rollout_manager.inner, self._exp.exp.init_exp_max_tasks))
         if metrics["exp/summary_stored"] == 0 and metrics["exp/summary_failed"] > 0:
             raise RuntimeError(
                 f"init_exp_only: every summary request to the memory service at {self._exp.memory.base_url} "
@@ -114,34 +165,82 @@ class AgentEvolverTrainer(RayPPOTrainer):
         logger.info("init_exp_only: memory %r built (%d experiences stored); not training, as configured",
                     self._exp.workspace_id, int(metrics["exp/summary_stored"]))
 
-    @staticmethod
-    def _exp_token_mask(batch: DataProto, off_cliprange_high: float) -> None:
-        """Each episode's ``exp_mask`` (training context differs from generation context) as the per-token
-        mask the ``exp_on_off`` loss reads, and its clip in ``meta_info`` (both travel to the actor)."""
-        flags = batch.non_tensor_batch.pop("exp_mask", None)
-        if flags is None:
-            return
-        response_mask = batch.batch["response_mask"]
-        per_sample = torch.as_tensor(np.asarray(flags, dtype=np.float32), device=response_mask.device)
-        batch.batch["exp_mask"] = per_sample[:, None] * response_mask.to(torch.float32)
-        batch.meta_info["exp_off_cliprange_high"] = float(off_cliprange_high)
-
-    # ------------------------------------------------------------------ the update
+    # ------------------------------------------------------------------ the update's stages
     def _update_actor(self, batch: DataProto) -> DataProto:
-        if self._adca is None:
-            self._adca = AdcaStage(self.config, self.total_training_steps)
-        adca_metrics = self._adca.apply(batch, self.global_steps)
+        """Stages 5-11 of the step (module docstring), on the episode rows verl hands over."""
+        self._timings = {}
+        metrics: dict[str, float] = {}
+        step = self.global_steps
+        with self._stage("adca_judge"):
+            metrics.update(self._adca.apply(batch, step))
+        with self._stage("dump"):
+            self._dump(batch, step)
+        with self._stage("episode_metrics"):
+            metrics.update(episode_metrics(batch.non_tensor_batch))
+        with self._stage("sample_rows"):
+            rows, row_metrics = self._sample_rows(batch)
+            metrics.update(row_metrics)
+        with self._stage("exp_mask"):
+            exp_token_mask(rows, self.config.exp_manager.off_cliprange_high)
+        with self._stage("actor_update"):
+            output = super()._update_actor(rows)
+        with self._stage("memory_summary"):
+            if self._exp is not None:
+                metrics.update(self.async_rollout_manager.last_plan)
+                metrics.update(self._exp.after_step(batch, step))
+        output.meta_info["metrics"].update(metrics)
+        output.meta_info["metrics"].update(self._timings)
+        return output
+
+    def _dump(self, batch: DataProto, step: int) -> None:
         dump = self.config.agent_flow.dump
         if dump.enable:
             path = RolloutDumpWriter(str(dump.dir)).write_records(
-                self.global_steps, dump_records(batch, self.global_steps, bool(dump.include_messages)))
-            logger.info("rollout dump of step %d: %s", self.global_steps, path)
-        step_metrics = episode_metrics(batch.non_tensor_batch)
-        self._exp_token_mask(batch, self.config.exp_manager.off_cliprange_high)
-        output = super()._update_actor(batch)
-        output.meta_info["metrics"].update(step_metrics)
-        output.meta_info["metrics"].update(adca_metrics)
-        if self._exp is not None:
-            output.meta_info["metrics"].update(self.async_rollout_manager.last_plan)
-            output.meta_info["metrics"].update(self._exp.after_step(batch, self.global_steps))
-        return output
+                step, dump_records(batch, step, bool(dump.include_messages)))
+            logger.info("rollout dump of step %d: %s", step, path)
+
+    def _sample_rows(self, batch: DataProto) -> tuple[DataProto, dict[str, float]]:
+        config = self.config
+        rollout_corr = config.algorithm.get("rollout_correction", None)
+        bypass = bool(rollout_corr and rollout_corr.get("bypass_mode", False))
+        return expand_sample_rows(
+            batch,
+            pad_token_id=_pad_id(self.tokenizer),
+            rows_per_minibatch=minibatch_rows(config.actor_rollout_ref.actor.ppo_mini_batch_size,
+                                              config.actor_rollout_ref.rollout.n),
+            bypass=bypass,
+            compute_old=self._padded(lambda rows: self._compute_old_log_prob(rows)[0].batch["old_log_probs"]),
+            compute_ref=self._padded(lambda rows: self._compute_ref_log_prob(rows).batch["ref_log_prob"]),
+        )
+
+    def _padded(self, compute: Callable[[DataProto], torch.Tensor]) -> Callable[[DataProto], torch.Tensor]:
+        """``compute`` on rows padded to the actor's worker count (verl splits a batch evenly across them)."""
+        from verl.protocol import pad_dataproto_to_divisor
+
+        def run(rows: DataProto) -> torch.Tensor:
+            padded, pad = pad_dataproto_to_divisor(rows, max(int(self.actor_rollout_wg.world_size), 1))
+            # verl's workers read the rows' token counts (MFU) from meta_info, as fit() sets for a batch
+            padded.meta_info["global_token_num"] = torch.sum(padded.batch["attention_mask"], dim=-1).tolist()
+            values = compute(padded)
+            return values[: len(values) - pad] if pad else values
+
+        return run
+
+
+def _pad_id(tokenizer: Any) -> int:
+    for value in (getattr(tokenizer, "pad_token_id", None), getattr(tokenizer, "eos_token_id", None)):
+        if value is not None:
+            return int(value)
+    return 0
+
+
+def exp_token_mask(batch: DataProto, off_cliprange_high: float) -> None:
+    """Each row's ``exp_mask`` (training context differs from generation context) as the per-token mask the
+    ``exp_on_off`` loss reads, and its clip in ``meta_info`` (both travel to the actor)."""
+    flags = batch.non_tensor_batch.pop("exp_mask", None)
+    if flags is None:
+        return
+    response_mask = batch.batch["response_mask"]
+    per_sample = torch.as_tensor(np.asarray(flags, dtype=np.float32), device=response_mask.device)
+    batch.batch["exp_mask"] = per_sample[:, None] * response_mask.to(torch.float32)
+    batch.meta_info["exp_off_cliprange_high"] = float(off_cliprange_high)

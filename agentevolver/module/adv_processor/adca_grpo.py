@@ -58,7 +58,8 @@ from typing import Any, Literal
 
 import numpy as np
 import torch
-from verl.utils.groupwise import as_torch_index, group_mean_std
+
+from agentevolver.module.adv_processor.groups import group_index, group_mean_std
 
 __all__ = [
     "EPSILON",
@@ -285,7 +286,7 @@ def prm_grpo_advantages(
     # 3. outcome z-score: verl's GRPO normalisation over the same groups
     orm_group = group
     score = outcomes.to(device=device, dtype=torch.float32)
-    group_mean, group_std, _ = group_mean_std(score, orm_group, eps=0.0, device=device)
+    group_mean, group_std = group_mean_std(score, orm_group)
     orm = score - group_mean[orm_group]
     if hyper.norm_adv_by_std:
         orm = orm / (group_std[orm_group] + hyper.epsilon)
@@ -386,5 +387,5 @@ def compute_prm_grpo_advantages(
     steps = num_steps(step_ids)
     flags, labelled = pack_step_flags(step_flags, steps)
     fallback = tensors.get("advantages", None)
-    return prm_grpo_advantages(step_ids, mask, outcome_scores(batch), as_torch_index(uid, device=mask.device),
+    return prm_grpo_advantages(step_ids, mask, outcome_scores(batch), group_index(uid, device=mask.device),
                                flags, labelled, fallback, hyper, steps=steps)

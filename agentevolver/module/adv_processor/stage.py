@@ -57,10 +57,12 @@ T = TypeVar("T")
 class AdcaStage:
     """See the module docstring. ``total_training_steps`` is the length of the alpha decay when
     ``adca_grpo.total_steps`` is null. ``judge_client`` replaces the client built from ``llm.roles.judge``
-    (tests, or a trainer that shares clients between roles)."""
+    (tests, or a trainer that shares clients between roles); ``settings`` are the run's validated sections
+    (the trainer validates once and passes them; validated here when None)."""
 
-    def __init__(self, config: DictConfig, total_training_steps: int, *, judge_client: LLMClient | None = None):
-        settings = validate_config(config)
+    def __init__(self, config: DictConfig, total_training_steps: int, *, judge_client: LLMClient | None = None,
+                 settings: Any = None):
+        settings = settings if settings is not None else validate_config(config)
         section = settings.attribution_driven_credit_assignment
         self.enabled = section.enable
         self.judge_settings = section.judge
@@ -131,6 +133,14 @@ class AdcaStage:
         stored = np.empty(len(inputs), dtype=object)
         stored[:] = [list(flags) if flags is not None else None for flags in labels.flags]
         batch.non_tensor_batch["step_flags"] = stored
+        # Each labelled episode's per-step advantages, so its earlier samples (multi-sample context managers)
+        # get the same step credit through their own step ids (agentevolver.verl.sample_rows).
+        steps = num_steps(step_ids_tensor(batch)).tolist()
+        table = result.step_advantages.to(torch.float32)
+        per_step = np.empty(len(inputs), dtype=object)
+        per_step[:] = [table[i, : steps[i]].tolist() if bool(result.labelled[i]) else None
+                       for i in range(len(inputs))]
+        batch.non_tensor_batch["step_advantages"] = per_step
         metrics = {"adca/active": 1.0, "adca/alpha": hyper.alpha, **labels.metrics(), **result.metrics,
                    "adca/time_s": time.perf_counter() - started}
         return metrics

@@ -7,7 +7,7 @@
   reward, messages, metrics); :data:`TERMINATIONS` lists the ways an episode ends.
 * :class:`AgentFlowConfig` - the ``agent_flow`` config section.
 * :class:`RolloutDumpWriter` / :func:`read_rollout_dump` - ``<run dir>/rollouts/step_<N>.jsonl``.
-* ``agentevolver.module.agent_flow.verl_loop`` - the same flow as a verl agent loop (``agentevolver``).
+* ``agentevolver.verl.agent_loop`` - the same flow as a verl agent loop (``agentevolver``).
 
 See docs/agent_flow.md and docs/rollout_dumps.md.
 """

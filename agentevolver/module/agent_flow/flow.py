@@ -102,7 +102,7 @@ class AgentFlow:
     """Runs episodes; see the module docstring.
 
     ``max_model_len``, ``max_prompt_len`` and ``max_response_len`` are the token budgets of the run (under
-    verl: :func:`~agentevolver.module.agent_flow.verl_loop.flow_budgets`). ``clipper`` is the LLM role object
+    verl: :func:`~agentevolver.verl.agent_loop.flow_budgets`). ``clipper`` is the LLM role object
     for ``self_clip`` (:func:`clipper_for`).
     """
 

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import logging
 import time
-import uuid
+from collections.abc import Iterable
 from typing import Any
 
 import numpy as np
@@ -42,7 +42,7 @@ __all__ = ["ExperienceManager", "check_settings", "draw_plan"]
 
 logger = logging.getLogger(__name__)
 
-#: Row columns the agent loop reads (:func:`agentevolver.module.agent_flow.verl_loop.episode_spec_from_row`).
+#: Row columns the agent loop reads (:func:`agentevolver.verl.agent_loop.episode_spec_from_row`).
 ADD_COLUMN = "exp_add"
 TRAIN_MODE_COLUMN = "exp_train_mode"
 
@@ -97,10 +97,11 @@ class ExperienceManager:
         self._carry: dict[str, float] = {}
 
     @classmethod
-    def from_config(cls, config: Any) -> ExperienceManager:
+    def from_config(cls, config: Any, settings: Any = None) -> ExperienceManager:
+        """From the run's config; ``settings`` = its already validated sections (validated here if None)."""
         from agentevolver.config import validate_config
 
-        settings = validate_config(config)
+        settings = settings if settings is not None else validate_config(config)
         for warning in check_settings(settings.exp_manager, settings.memory,
                                       str(config.actor_rollout_ref.actor.policy_loss.loss_mode)):
             logger.warning("Self-Navigating: %s", warning)
@@ -187,37 +188,17 @@ class ExperienceManager:
         return trajectories_from_records(list(records), [float(s) for s in scores])
 
     # ------------------------------------------------------------------ before training
-    def initial_summary(self, trainer: Any, rollout_manager: Any) -> dict[str, float]:
-        """``init_exp_before_training``: roll out the training tasks once (no experience), summarise every
-        episode and wait for the memory to be written, so the first step can retrieve from it."""
-        from verl import DataProto
-        from verl.protocol import pad_dataproto_to_divisor, unpad_dataproto
-        from verl.utils.dataset.rl_dataset import collate_fn
-
-        config = trainer.config
-        dataset = trainer.train_dataset
-        limit = self.exp.init_exp_max_tasks
-        count = len(dataset) if limit is None else min(limit, len(dataset))
-        batch_size = int(config.data.train_batch_size)
-        n = int(config.actor_rollout_ref.rollout.n)
-        divisor = int(config.actor_rollout_ref.rollout.agent.num_workers)
+    def initial_summary(self, rollouts: Iterable[Any]) -> dict[str, float]:
+        """``init_exp_before_training``: summarise every episode of ``rollouts`` (batches of the training tasks
+        rolled out once without experience, :func:`agentevolver.verl.rollout_manager.initial_rollouts`) and wait
+        for the memory to be written, so the first step can retrieve from it."""
         started = time.perf_counter()
-        logger.info("Self-Navigating: building the memory from %d training tasks x %d episodes", count, n)
         episodes = 0
-        for begin in range(0, count, batch_size):
-            rows = [dataset[i] for i in range(begin, min(begin + batch_size, count))]
-            batch = DataProto.from_single_dict(collate_fn(rows))
-            batch.non_tensor_batch["uid"] = np.array([str(uuid.uuid4()) for _ in rows], dtype=object)
-            gen = trainer._get_gen_batch(batch)
-            gen.meta_info["global_steps"] = 0
-            gen = gen.repeat(repeat_times=n, interleave=True)
-            padded, pad = pad_dataproto_to_divisor(gen, divisor)
-            output = unpad_dataproto(rollout_manager.generate_sequences(padded), pad_size=pad)
+        for output in rollouts:
             trajectories = self.trajectories(output)
             episodes += len(output)
             if trajectories:
                 self.summarizer.submit(trajectories)
-            logger.info("Self-Navigating: initial rollouts %d/%d tasks", min(begin + batch_size, count), count)
         metrics = self.summarizer.wait()
         metrics["exp/init_episodes"] = float(episodes)
         metrics["exp/init_s"] = time.perf_counter() - started

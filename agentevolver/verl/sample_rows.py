@@ -1,0 +1,245 @@
+"""Multi-sample episodes as training rows: every generated token is trained once.
+
+``linear_think``, ``memory`` and ``self_clip`` rewrite the context during an episode, so one episode yields
+several samples (one per context; the last is the *final* sample). verl's agent loop returns one row per
+episode, which carries the final sample's tensors; the agent loop puts the earlier samples' token lists in
+``non_tensor_batch["other_samples"]`` (:func:`agentevolver.verl.agent_loop.to_agent_loop_output`).
+
+Everything up to the advantages runs on episode rows, so **each episode counts once in its GRPO group**.
+Just before the actor update, :func:`expand_sample_rows` appends one row per earlier sample:
+
+* tokens laid out exactly as verl's agent loop lays out a row (prompt left-padded to
+  ``rollout.prompt_length``, response right-padded to ``rollout.response_length``, positions from the
+  attention mask);
+* **advantage = the episode's**, broadcast: for an outcome-level estimator (GRPO and kin) the episode's
+  scalar (read from the final sample's policy tokens) on every policy token of the earlier sample; for a
+  sample labelled by ADCA, the episode's per-step advantage (``non_tensor_batch["step_advantages"]``) through
+  the sample's own step ids, exactly as the final sample gets it;
+* ``rollout_log_probs`` are the sample's own; ``old_log_probs`` are the rollout's in bypass mode, otherwise
+  recomputed by the actor (``compute_old``), and ``ref_log_prob`` by the reference (``compute_ref``);
+* per-sample ``exp_mask`` and ``step_ids``; every other column, and every tensor that is not per token
+  (verl's ``dummy_tensor``), is copied from the episode's row.
+
+The batch is then padded with fully masked rows (no token trained) to a whole number of PPO mini-batches
+(``ppo_mini_batch_size * rollout.n`` rows, as for the episodes; an episode with k samples adds k - 1 rows,
+so a step with earlier samples makes more optimizer steps, like the reference, which trains every sample as
+a row). A response-shaped tensor this module does not know how to fill for an added row (e.g. a critic's
+``values``) is an error naming it, never a silent zero: such combinations are refused at start-up
+(:func:`refusal`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+import torch
+
+__all__ = ["OTHER_SAMPLES", "SAMPLE_ROLE", "expand_sample_rows", "minibatch_rows", "outcome_level_estimators",
+           "refusal"]
+
+#: The agent loop's column with each episode's earlier samples (a list of token-field dicts per row).
+OTHER_SAMPLES = "other_samples"
+#: Added column: "final" for an episode's own row, "earlier" for an added sample, "pad" for padding.
+SAMPLE_ROLE = "sample_role"
+
+#: verl advantage estimators whose advantage is one number per episode on every policy token, so it can be
+#: broadcast to the episode's other samples.
+_OUTCOME_ESTIMATORS = frozenset({"grpo", "grpo_vectorized", "rloo", "rloo_vectorized", "opo", "grpo_passk",
+                                 "gpg", "remax"})
+#: Response-shaped columns filled here for an added row; anything else response-shaped is refused.
+_ZERO_FILLED = ("token_level_scores", "token_level_rewards", "rm_scores")
+_KNOWN = frozenset({"prompts", "responses", "response_mask", "input_ids", "attention_mask", "position_ids",
+                    "rollout_log_probs", "old_log_probs", "ref_log_prob", "advantages", "returns", *_ZERO_FILLED})
+
+
+def outcome_level_estimators() -> frozenset[str]:
+    return _OUTCOME_ESTIMATORS
+
+
+def refusal(*, multi_sample: bool, adv_estimator: str, use_critic: bool, distillation: bool) -> str | None:
+    """Why this run cannot train every sample of its episodes (None = it can); checked at start-up."""
+    if not multi_sample:
+        return None
+    if use_critic:
+        return ("a multi-sample context manager (agent_flow.context_manager.name) cannot be trained with a "
+                "critic: the added samples have no values; use a critic-free estimator (algorithm.adv_estimator="
+                "grpo) or the linear context manager")
+    if adv_estimator not in _OUTCOME_ESTIMATORS:
+        return (f"a multi-sample context manager trains each earlier sample with its episode's advantage, which "
+                f"needs an outcome-level estimator ({', '.join(sorted(_OUTCOME_ESTIMATORS))}); "
+                f"algorithm.adv_estimator={adv_estimator!r} gives per-token advantages")
+    if distillation:
+        return "a multi-sample context manager cannot be combined with distillation (no teacher outputs per sample)"
+    return None
+
+
+def _left_pad(rows: Sequence[Sequence[int]], width: int, pad: int) -> tuple[torch.Tensor, torch.Tensor]:
+    ids = torch.full((len(rows), width), pad, dtype=torch.long)
+    mask = torch.zeros((len(rows), width), dtype=torch.long)
+    for i, row in enumerate(rows):
+        if len(row) > width:
+            raise ValueError(f"an earlier sample's prompt has {len(row)} tokens, over rollout.prompt_length={width}")
+        if row:
+            ids[i, width - len(row):] = torch.as_tensor(row, dtype=torch.long)
+            mask[i, width - len(row):] = 1
+    return ids, mask
+
+
+def _right_pad(rows: Sequence[Sequence[float]], width: int, pad: float, dtype: torch.dtype) -> torch.Tensor:
+    out = torch.full((len(rows), width), pad, dtype=dtype)
+    for i, row in enumerate(rows):
+        if len(row) > width:
+            raise ValueError(
+                f"an earlier sample's response has {len(row)} tokens, over rollout.response_length={width}")
+        if row:
+            out[i, : len(row)] = torch.as_tensor(list(row), dtype=dtype)
+    return out
+
+
+def _episode_scalar(advantages: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """(B,) the advantage on each row's policy tokens (constant for outcome-level estimators); 0 without any."""
+    mask = mask.to(advantages.dtype)
+    count = mask.sum(-1)
+    return torch.where(count > 0, (advantages * mask).sum(-1) / count.clamp_min(1), torch.zeros_like(count))
+
+
+def _sample_advantages(parent: int, step_ids: torch.Tensor, mask: torch.Tensor, scalar: torch.Tensor,
+                       step_table: Sequence[Any] | None) -> torch.Tensor:
+    table = step_table[parent] if step_table is not None else None
+    if table is None:
+        return scalar[parent] * mask
+    values = torch.as_tensor([*map(float, table), 0.0], dtype=torch.float32)  # index -1 -> the trailing 0
+    ids = step_ids.clamp(max=len(values) - 2) if len(values) > 1 else torch.full_like(step_ids, -1)
+    return values[ids] * mask
+
+
+def expand_sample_rows(
+    batch: Any,
+    *,
+    pad_token_id: int,
+    rows_per_minibatch: int,
+    bypass: bool,
+    compute_old: Callable[[Any], torch.Tensor] | None = None,
+    compute_ref: Callable[[Any], torch.Tensor] | None = None,
+) -> tuple[Any, dict[str, float]]:
+    """The batch with one row per sample (see the module docstring) and ``train/*`` counts.
+
+    ``compute_old`` / ``compute_ref`` take a DataProto of the added rows and return their (n, L) log-probs
+    (the trainer passes its actor / reference passes, padded to the worker count). A batch without earlier
+    samples is returned as it is, apart from the ``sample_role`` column and the padding.
+    """
+    from verl import DataProto
+
+    # A shallow copy: the caller's batch (episode rows) keeps its columns and meta_info for verl's metrics.
+    meta = {key: value for key, value in batch.meta_info.items() if key != "global_token_num"}
+    batch = DataProto(batch=batch.batch, non_tensor_batch=dict(batch.non_tensor_batch), meta_info=meta)
+    tensors = batch.batch
+    others = batch.non_tensor_batch.pop(OTHER_SAMPLES, None)
+    size = len(batch)
+    parents: list[int] = []
+    samples: list[dict[str, Any]] = []
+    if others is not None:
+        for index, entry in enumerate(others):
+            for sample in entry or ():
+                parents.append(index)
+                samples.append(sample)
+    roles = np.array(["final"] * size, dtype=object)
+    batch.non_tensor_batch[SAMPLE_ROLE] = roles
+    metrics = {"train/episode_rows": float(size), "train/earlier_sample_rows": float(len(samples))}
+    if samples:
+        prompt_width = tensors["prompts"].shape[1]
+        response_width = tensors["responses"].shape[1]
+        others_keys = [key for key in tensors.keys() if key not in _KNOWN and key != "exp_mask"]  # noqa: SIM118
+        per_token = sorted(key for key in others_keys if tensors[key].dim() >= 2
+                           and tensors[key].shape[1] in (response_width, prompt_width + response_width))
+        if per_token:
+            raise ValueError(f"cannot add rows for earlier samples: the batch has {per_token}, which this trainer does "
+                             "not know how to fill for them (see agentevolver/verl/sample_rows.py)")
+        per_row = {key: tensors[key][torch.as_tensor(parents)] for key in others_keys}  # e.g. verl's dummy_tensor
+        prompts, prompt_mask = _left_pad([s["prompt_ids"] for s in samples], prompt_width, pad_token_id)
+        responses = _right_pad([s["response_ids"] for s in samples], response_width, pad_token_id, torch.long)
+        response_attention = _right_pad([[1] * len(s["response_ids"]) for s in samples], response_width, 0,
+                                        torch.long)
+        response_mask = _right_pad([s["response_mask"] for s in samples], response_width, 0, torch.long)
+        response_mask = response_mask * response_attention
+        attention_mask = torch.cat([prompt_mask, response_attention], dim=1)
+        step_ids = _right_pad([s["step_ids"] for s in samples], response_width, -1, torch.long)
+        added: dict[str, torch.Tensor] = {
+            "prompts": prompts,
+            "responses": responses,
+            "response_mask": response_mask.to(tensors["response_mask"].dtype),
+            "input_ids": torch.cat([prompts, responses], dim=1),
+            "attention_mask": attention_mask,
+            "position_ids": torch.clip(torch.cumsum(attention_mask, dim=-1) - 1, min=0),
+        }
+        if tensors["position_ids"].dim() != 2:
+            raise ValueError("earlier samples of multi-modal (3-D position ids) episodes cannot be added as rows")
+        if "rollout_log_probs" in tensors:
+            missing = [i for i, s in enumerate(samples) if s.get("response_logprobs") is None]
+            if missing and bypass:
+                raise ValueError("bypass mode trains against the rollout's log-probs, but an earlier sample has none")
+            added["rollout_log_probs"] = _right_pad(
+                [s.get("response_logprobs") or [0.0] * len(s["response_ids"]) for s in samples], response_width,
+                0.0, tensors["rollout_log_probs"].dtype)
+        mask_f = response_mask.to(torch.float32)
+        scalar = _episode_scalar(tensors["advantages"].to(torch.float32), tensors["response_mask"])
+        step_table = batch.non_tensor_batch.get("step_advantages")
+        advantages = torch.stack([_sample_advantages(parent, step_ids[i], mask_f[i], scalar, step_table)
+                                  for i, parent in enumerate(parents)])
+        added["advantages"] = advantages.to(tensors["advantages"].dtype)
+        policy = mask_f > 0
+        metrics["train/earlier_sample_policy_tokens"] = float(policy.sum())
+        metrics["train/earlier_sample_adv_abs_mean"] = float(advantages[policy].abs().mean()) if policy.any() else 0.0
+        if "returns" in tensors:
+            added["returns"] = added["advantages"].clone().to(tensors["returns"].dtype)
+        added.update(per_row)
+        for key in _ZERO_FILLED:
+            if key in tensors:
+                added[key] = torch.zeros((len(samples), response_width), dtype=tensors[key].dtype)
+        non_tensor = {key: values[parents] for key, values in batch.non_tensor_batch.items()}
+        non_tensor[SAMPLE_ROLE] = np.array(["earlier"] * len(samples), dtype=object)
+        if "exp_mask" in non_tensor:
+            non_tensor["exp_mask"] = np.array([bool(s.get("exp_mask", False)) for s in samples], dtype=object)
+        if "step_ids" in non_tensor:
+            column = np.empty(len(samples), dtype=object)
+            column[:] = [list(s["step_ids"]) for s in samples]
+            non_tensor["step_ids"] = column
+        extra = DataProto.from_dict(tensors=added, non_tensors=non_tensor, meta_info=dict(meta))
+        if "old_log_probs" in tensors:
+            if bypass:
+                extra.batch["old_log_probs"] = added["rollout_log_probs"].to(tensors["old_log_probs"].dtype)
+            elif compute_old is None:
+                raise ValueError("the batch has old_log_probs; the trainer must pass compute_old for earlier samples")
+            else:
+                extra.batch["old_log_probs"] = compute_old(extra).to(tensors["old_log_probs"].dtype)
+        if "ref_log_prob" in tensors:
+            if compute_ref is None:
+                raise ValueError("the batch has ref_log_prob; the trainer must pass compute_ref for earlier samples")
+            extra.batch["ref_log_prob"] = compute_ref(extra).to(tensors["ref_log_prob"].dtype)
+        extra.meta_info.pop("global_token_num", None)  # set per call by the trainer's log-prob passes
+        missing = sorted(set(tensors.keys()) - set(extra.batch.keys()) - {"exp_mask"})
+        if missing:
+            raise ValueError(f"earlier-sample rows lack {missing}")
+        batch = DataProto.concat([batch, extra])
+    pad = (-len(batch)) % max(int(rows_per_minibatch), 1)
+    if pad:
+        padding = batch.select_idxs(np.zeros(pad, dtype=np.int64))
+        padding.batch["response_mask"] = torch.zeros_like(padding.batch["response_mask"])
+        padding.batch["advantages"] = torch.zeros_like(padding.batch["advantages"])
+        padding.non_tensor_batch[SAMPLE_ROLE] = np.array(["pad"] * pad, dtype=object)
+        if "exp_mask" in padding.non_tensor_batch:
+            padding.non_tensor_batch["exp_mask"] = np.array([False] * pad, dtype=object)
+        batch = DataProto.concat([batch, padding])
+    metrics["train/pad_rows"] = float(pad)
+    metrics["train/rows"] = float(len(batch))
+    if "attention_mask" in batch.batch:
+        batch.meta_info["global_token_num"] = torch.sum(batch.batch["attention_mask"], dim=-1).tolist()
+    return batch, metrics
+
+
+def minibatch_rows(ppo_mini_batch_size: int, rollout_n: int) -> int:
+    """Rows per PPO mini-batch in verl's legacy trainer: ``ppo_mini_batch_size`` prompts x ``rollout.n``."""
+    return int(ppo_mini_batch_size) * int(rollout_n)
+
