@@ -2,6 +2,8 @@
 
 Composes and validates a config exactly as the trainer will, then prints it as YAML. Use it to check a
 preset or an override before launching a run; a bad value exits with status 2 and a message naming the key.
+``python -m agentevolver.config migrate OLD.yaml [-o NEW.yaml]`` rewrites a reference AgentEvolver config
+(:mod:`agentevolver.config.migrate`).
 """
 
 from __future__ import annotations
@@ -17,6 +19,11 @@ from agentevolver.errors import ConfigError
 
 def main(argv: list[str] | None = None) -> int:
     """Run the CLI; returns the process exit status."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["migrate"]:
+        from agentevolver.config.migrate import main as migrate
+
+        return migrate(argv[1:])
     parser = argparse.ArgumentParser(
         prog="python -m agentevolver.config",
         description="Compose, validate and print an AgentEvolver config.",

@@ -18,9 +18,10 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 from pydantic import ValidationError
 
+from agentevolver.config.reference_check import check_composed, check_inputs, find_config_file
 from agentevolver.config.schema import PROJECT_SECTIONS, AgentEvolverSettings
 from agentevolver.errors import ConfigError
-from agentevolver.paths import CONFIG_DIR
+from agentevolver.paths import CONFIG_DIR, REPO_ROOT
 
 ROOT_CONFIG_NAME = "agentevolver"
 
@@ -39,6 +40,8 @@ def compose_config(
     directory = Path(config_dir).resolve() if config_dir is not None else CONFIG_DIR
     if not directory.is_dir():
         raise ConfigError(f"config directory {str(directory)!r} does not exist; pass an existing folder")
+    # A reference AgentEvolver preset or key: one message naming each old key and its new name.
+    check_inputs(find_config_file(config_name, [directory, CONFIG_DIR, REPO_ROOT / "examples"]), overrides)
     try:
         with initialize_config_dir(config_dir=str(directory), version_base=None):
             return compose(config_name=config_name, overrides=list(overrides))
@@ -46,6 +49,10 @@ def compose_config(
         hint = ""
         if "not in struct" in str(err) or "Could not override" in str(err):
             hint = " (to add a key that is not in the config, prefix the override with '+')"
+        elif "appears more than once in the final defaults list" in str(err):
+            hint = (" (a defaults list names a config that config/agentevolver.yaml already includes, such as "
+                    "verl's ppo_trainer: remove it; `python -m agentevolver.config migrate FILE` converts a "
+                    "reference AgentEvolver preset)")
         raise ConfigError(f"cannot compose config {config_name!r}: {err}{hint}") from err
 
 
@@ -55,6 +62,7 @@ def validate_config(cfg: DictConfig) -> AgentEvolverSettings:
     Returns the typed settings object that modules read their keys from. Raises :class:`ConfigError`
     naming every bad key (all problems at once, not one per run).
     """
+    check_composed(cfg)
     missing = [name for name in PROJECT_SECTIONS if name not in cfg]
     if missing:
         raise ConfigError(

@@ -4,6 +4,11 @@ run, train, and stop everything it started.
 
 Exit status: the training run's; 2 for a bad config or command line (nothing was started); 3 when a
 service could not be started or did not become healthy; 128 + N when stopped by signal N (130 = Ctrl-C).
+
+The reference AgentEvolver launcher's flags (``agentevolver.config.reference_keys.REFERENCE_FLAGS``) are
+known too, so they never end as "unrecognized arguments": ``--with-appworld`` / ``--with-bfcl`` /
+``--with-reme`` start the same service as ``--with-env appworld`` / ``--with-env bfcl`` / ``--with-memory``
+(with a warning that names our flag); the others are refused in one message that says what to do instead.
 """
 
 from __future__ import annotations
@@ -15,6 +20,8 @@ from pathlib import Path
 
 from rich.console import Console
 
+from agentevolver.config.reference_check import check_inputs
+from agentevolver.config.reference_keys import REFERENCE_FLAGS, FlagRule
 from agentevolver.errors import ConfigError
 from agentevolver.launcher.launch import launch, say, stderr_console
 from agentevolver.launcher.plan import BUILT_IN_SERVICES, DEFAULT_TARGET, build_plan, print_plan
@@ -31,7 +38,9 @@ def _parser() -> argparse.ArgumentParser:
         prog="launcher.py",
         description="Start companion services, record the run, train with agentevolver.main_ppo, stop what "
                     "was started. Hydra overrides go after `--`, e.g. `-- trainer.total_training_steps=2`.",
-        epilog="Services are described in the config's launcher.services section (docs/launcher.md).",
+        epilog="Services are described in the config's launcher.services section (docs/launcher.md). The reference "
+               "AgentEvolver launcher's flags (--with-appworld, --with-bfcl, --with-reme, ...) are understood: "
+               "docs/launcher.md, 'Reference launcher flags'.",
     )
     parser.add_argument("--conf", type=Path, default=CONFIG_DIR / "agentevolver.yaml",
                         help="the run's config file, e.g. examples/quickstart.yaml (default: the root config)")
@@ -48,7 +57,50 @@ def _parser() -> argparse.ArgumentParser:
                         help="print the plan (services, ports, commands, record folder) and start nothing")
     parser.add_argument("--target", default=DEFAULT_TARGET,
                         help="training module run with --config-path/--config-name (default: %(default)s)")
+    for rule in REFERENCE_FLAGS:  # hidden: the reference launcher's flags, handled by _reference_flags
+        parser.add_argument(*rule.flags, action=_ReferenceFlag, rule=rule, dest="reference_flags")
     return parser
+
+
+class _ReferenceFlag(argparse.Action):
+    """Records a reference launcher flag as typed; :func:`_reference_flags` maps or refuses it."""
+
+    def __init__(self, option_strings: list[str], dest: str, rule: FlagRule, **kwargs: object) -> None:
+        super().__init__(option_strings, dest, nargs=1 if rule.takes_value else 0, default=[],
+                         help=argparse.SUPPRESS)
+        self.rule = rule
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: object,
+                 option_string: str | None = None) -> None:
+        setattr(namespace, self.dest, [*getattr(namespace, self.dest), (option_string or "", self.rule)])
+
+
+def _reference_flags(args: argparse.Namespace, overrides: list[str], console: Console) -> bool:
+    """Apply the reference flags that have an exact counterpart (warning once each); refuse the others,
+    together with any reference key in the config or overrides, in one message. Returns False on refusal."""
+    used: list[tuple[str, FlagRule]] = args.reference_flags
+    refused = [f"{flag}: not an option here; {rule.note}" for flag, rule in used if rule.replacement is None]
+    if refused:
+        lines = [f"reference AgentEvolver launcher flags ({len(refused)} to change; docs/launcher.md):",
+                 *(f"  {line}" for line in refused)]
+        try:
+            check_inputs(args.conf if args.conf.is_file() else None, overrides)
+        except ConfigError as err:
+            lines.append(str(err))
+        say(console, "\n".join(lines), "error")
+        return False
+    envs: list[str] = []
+    for flag, rule in dict.fromkeys(used):
+        say(console, f"{flag} is the reference launcher's flag: read as {rule.replacement} ({rule.note})",
+            "warning")
+        if rule.env is not None:
+            envs.append(rule.env)
+        if rule.service is not None:  # a built-in service's short flag, e.g. --with-memory
+            setattr(args, f"with_{rule.service}", True)
+    if envs:
+        given = [name for name in (args.with_env or "").split(",") if name.strip()]
+        args.with_env = ",".join(dict.fromkeys([*given, *envs]))
+    return True
 
 
 def main(argv: list[str] | None = None, *, console: Console | None = None) -> int:
@@ -58,6 +110,8 @@ def main(argv: list[str] | None = None, *, console: Console | None = None) -> in
         else (args_in, [])
     args = _parser().parse_args(ours)
     console = console or stderr_console()
+    if not _reference_flags(args, overrides, console):
+        return USAGE_ERROR
     selected = [*args.extra]
     flags = {"env": args.with_env is not None, "memory": args.with_memory, "logview": args.with_logview,
              "llm": args.with_llm}
