@@ -11,6 +11,7 @@ workers, rollout servers, agent loops -> ``fit()``.
 from __future__ import annotations
 
 import logging
+import os
 import sys
 from pathlib import Path
 
@@ -20,7 +21,7 @@ from omegaconf import DictConfig, open_dict
 from agentevolver.config import validate_config
 from agentevolver.errors import AgentEvolverError, ConfigError
 
-__all__ = ["check_verl_patches", "main", "prepare_config", "train"]
+__all__ = ["check_verl_patches", "main", "prepare_config", "quiet_console", "train"]
 
 logger = logging.getLogger(__name__)
 
@@ -76,9 +77,20 @@ def train(cfg: DictConfig) -> None:
     run_ppo(cfg, task_runner_class=TaskRunner)
 
 
+def quiet_console(cfg: DictConfig) -> None:
+    """Show the progress bar, the step table, validation lines and warnings a user can act on; everything
+    goes to ``<trainer.default_local_dir>/console.log`` (:mod:`agentevolver.console`; ``--verbose`` shows all)."""
+    from agentevolver import console
+
+    log = console.install(Path(str(cfg.trainer.default_local_dir)) / "console.log")
+    if log is not None:
+        print(f"[agentevolver] full console output: {log} (--verbose shows it here)", file=sys.stderr)
+
+
 @hydra.main(config_path=None, config_name="agentevolver", version_base=None)
 def main(cfg: DictConfig) -> None:
     try:
+        quiet_console(cfg)
         train(cfg)
     except AgentEvolverError as err:
         print(f"error: {err}", file=sys.stderr)
@@ -87,6 +99,11 @@ def main(cfg: DictConfig) -> None:
 
 if __name__ == "__main__":
     from agentevolver.config.reference_check import check_hydra_argv
+    from agentevolver.console import VERBOSE_ENV
+
+    if "--verbose" in sys.argv:  # ours, not Hydra's: show every line of every process
+        sys.argv.remove("--verbose")
+        os.environ[VERBOSE_ENV] = "1"
 
     try:  # a reference AgentEvolver preset would fail inside Hydra: name its old keys and their new names
         check_hydra_argv(sys.argv[1:])

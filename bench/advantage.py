@@ -13,7 +13,10 @@ fallback). Rows, all in this process on the same batch:
 * vectorised core: :func:`prm_grpo_advantages` on (B, L) step ids already in a tensor;
 * vectorised from a DataProto with list step ids: :func:`compute_prm_grpo_advantages` reading step ids as the
   per-sample lists our agent loop puts in ``non_tensor_batch`` (includes padding them into a tensor);
-* the same with per-sample ``np.int32`` arrays instead of lists (what the agent loop could hand over).
+* the same with ragged per-sample ``np.int32`` arrays;
+* the same with per-sample ``np.int32`` rows already padded to the response width: what our agent loop hands
+  over (:func:`agentevolver.verl.agent_loop.padded_step_ids`, built in the agent-loop worker per episode), so
+  this row is the stage as the trainer runs it.
 
 Both results are checked equal before timing. Times are the best of ``--repeats`` runs. ``--threads`` is
 torch's intra-op thread count; the default 1 is what the stage gets in the trainer, whose driver is a Ray actor
@@ -37,6 +40,7 @@ from verl import DataProto
 from agentevolver.module.adv_processor import AdcaHyper, compute_prm_grpo_advantages, prm_grpo_advantages
 from agentevolver.module.adv_processor.adca_grpo import num_steps, pack_step_flags
 from agentevolver.module.adv_processor.naive import naive_prm_grpo_advantages
+from agentevolver.verl.agent_loop import padded_step_ids
 
 GROUP = 8
 
@@ -108,6 +112,9 @@ def main() -> None:
     arrays = np.empty(args.batch, dtype=object)
     arrays[:] = [np.asarray(row, dtype=np.int32) for row in data["rows"]]
     proto_arrays = DataProto.from_dict(tensors=dict(tensors), non_tensors={"uid": uid.copy(), "step_ids": arrays})
+    padded = np.empty(args.batch, dtype=object)
+    padded[:] = [padded_step_ids(row, args.length) for row in data["rows"]]
+    proto_padded = DataProto.from_dict(tensors=dict(tensors), non_tensors={"uid": uid.copy(), "step_ids": padded})
 
     def naive() -> torch.Tensor:
         return naive_prm_grpo_advantages(step_ids.cpu(), mask.cpu(), data["outcomes"], data["groups"], data["flags"],
@@ -125,8 +132,11 @@ def main() -> None:
     def from_proto_arrays() -> torch.Tensor:
         return compute_prm_grpo_advantages(proto_arrays, data["flags"], hyper).advantages
 
+    def from_proto_padded() -> torch.Tensor:
+        return compute_prm_grpo_advantages(proto_padded, data["flags"], hyper).advantages
+
     expected = naive()
-    for candidate in (core(), from_proto(), from_proto_arrays()):
+    for candidate in (core(), from_proto(), from_proto_arrays(), from_proto_padded()):
         diff = (candidate.cpu() - expected).abs().max().item()
         if diff > 1e-4:
             raise SystemExit(f"vectorised and naive results differ by {diff}")
@@ -134,7 +144,9 @@ def main() -> None:
     rows = [("naive per-sample loop (baseline)", best_of(args.repeats, naive, sync)),
             ("vectorised core, step ids as a (B, L) tensor", best_of(args.repeats, core, sync)),
             ("vectorised from a DataProto, step ids as lists", best_of(args.repeats, from_proto, sync)),
-            ("vectorised from a DataProto, step ids as arrays", best_of(args.repeats, from_proto_arrays, sync))]
+            ("vectorised from a DataProto, step ids as ragged arrays", best_of(args.repeats, from_proto_arrays, sync)),
+            ("vectorised from a DataProto, step ids as padded rows (our agent loop)",
+             best_of(args.repeats, from_proto_padded, sync))]
     baseline = rows[0][1]
     steps = num_steps(data["step_ids"]).double().mean().item()
     table = Table(title=f"ADCA-GRPO advantages: batch {args.batch} x {args.length} tokens, "

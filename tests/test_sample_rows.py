@@ -76,7 +76,7 @@ def test_earlier_samples_become_rows_with_the_episodes_advantage() -> None:
     assert added.batch["old_log_probs"].tolist() == pytest.approx([-0.1, 0.0, -0.2, 0.0, 0.0])
     assert added.batch["token_level_rewards"].abs().sum() == 0
     assert added.non_tensor_batch["exp_mask"] is True and added.non_tensor_batch["uid"] == "g"
-    assert added.non_tensor_batch["step_ids"] == [0, -1, 0]
+    assert added.non_tensor_batch["step_ids"].tolist() == [0, -1, 0, -1, -1]
     assert added.batch["dummy_tensor"].tolist() == [5]
     # padding trains nothing; the caller's episode batch is unchanged (verl's metrics read it)
     assert rows[3].batch["response_mask"].sum() == 0 and rows[3].batch["advantages"].abs().sum() == 0

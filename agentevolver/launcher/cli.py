@@ -14,6 +14,7 @@ known too, so they never end as "unrecognized arguments": ``--with-appworld`` / 
 from __future__ import annotations
 
 import argparse
+import os
 import signal
 import sys
 from pathlib import Path
@@ -22,6 +23,7 @@ from rich.console import Console
 
 from agentevolver.config.reference_check import check_inputs
 from agentevolver.config.reference_keys import REFERENCE_FLAGS, FlagRule
+from agentevolver.console import VERBOSE_ENV
 from agentevolver.errors import ConfigError
 from agentevolver.launcher.launch import launch, say, stderr_console
 from agentevolver.launcher.plan import BUILT_IN_SERVICES, DEFAULT_TARGET, build_plan, print_plan
@@ -53,6 +55,9 @@ def _parser() -> argparse.ArgumentParser:
                         help="start the local LLM server at llm.endpoints.local.base_url")
     parser.add_argument("--with", dest="extra", action="append", default=[], metavar="NAME",
                         help="start the service launcher.services.NAME (repeatable)")
+    parser.add_argument("--verbose", action="store_true",
+                        help="show every line the training prints (default: the progress bar, the step table, "
+                             "validation lines and warnings; the rest goes to <run dir>/console.log)")
     parser.add_argument("--dry-run", action="store_true",
                         help="print the plan (services, ports, commands, record folder) and start nothing")
     parser.add_argument("--target", default=DEFAULT_TARGET,
@@ -126,5 +131,7 @@ def main(argv: list[str] | None = None, *, console: Console | None = None) -> in
     if args.dry_run:
         print_plan(plan, Console(highlight=False, soft_wrap=True), settings.launcher.probe_timeout_s)
         return 0
+    if args.verbose:  # the training process inherits it: agentevolver.console shows every line
+        os.environ[VERBOSE_ENV] = "1"
     return launch(plan, cfg, settings, command_line=[sys.argv[0] if argv is None else "launcher.py", *args_in],
                   console=console)

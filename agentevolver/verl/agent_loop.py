@@ -27,6 +27,7 @@ import threading
 from collections.abc import Mapping
 from typing import Any
 
+import numpy as np
 from omegaconf import DictConfig, OmegaConf
 from verl.experimental.agent_loop.agent_loop import AgentLoopBase, AgentLoopMetrics, AgentLoopOutput, register
 
@@ -168,7 +169,7 @@ class AgentEvolverAgentLoop(AgentLoopBase):
         result = await self.flow.run(spec, sampling_params)
         if spec.metadata.get("evaluator", "env") != "env":  # a synthetic task: its own grader scores it
             result = await agrade_episode(result, spec, _shared_grader_pool(self.config))
-        return to_agent_loop_output(result, self.tokenizer)
+        return to_agent_loop_output(result, self.tokenizer, int(self.config.actor_rollout_ref.rollout.response_length))
 
 
 def _sample_fields(sample: Any) -> dict[str, Any]:
@@ -179,8 +180,21 @@ def _sample_fields(sample: Any) -> dict[str, Any]:
             "exp_mask": bool(sample.exp_mask)}
 
 
-def to_agent_loop_output(result: EpisodeResult, tokenizer: Any) -> AgentLoopOutput:
+def padded_step_ids(step_ids: list[int], width: int) -> np.ndarray:
+    """Step ids as one ``int32`` row of the response's padded width (-1 beyond the response): built here, in
+    the agent-loop worker while other episodes still run, so the trainer turns a step's rows into the (B, L)
+    tensor ADCA reads with one ``np.stack`` instead of converting Python lists (bench/advantage.py)."""
+    row = np.full(width, -1, dtype=np.int32)
+    count = min(len(step_ids), width)
+    row[:count] = step_ids[:count]
+    return row
+
+
+def to_agent_loop_output(result: EpisodeResult, tokenizer: Any, response_length: int | None = None) -> AgentLoopOutput:
     """verl's per-sample output: the final sample's tensors and the rest in ``extra_fields``.
+
+    ``response_length`` (``rollout.response_length``) pads ``step_ids`` to the batch's response width
+    (:func:`padded_step_ids`); without it they stay a list.
 
     An episode that failed before its first prompt (e.g. /create failed) still yields a sample, so the
     batch keeps its shape: a one-token prompt and an empty response (no token is trained), reward 0.
@@ -194,7 +208,7 @@ def to_agent_loop_output(result: EpisodeResult, tokenizer: Any) -> AgentLoopOutp
         response_ids, response_mask, logprobs, step_ids = [], [], None, []
     record = result.to_dump_record(step=-1)
     extra = {
-        "step_ids": step_ids,
+        "step_ids": padded_step_ids(step_ids, response_length) if response_length else step_ids,
         "termination": result.termination,
         "task_id": result.task_id,
         "group_id": result.group_id,

@@ -204,7 +204,7 @@ def expand_sample_rows(
             non_tensor["exp_mask"] = np.array([bool(s.get("exp_mask", False)) for s in samples], dtype=object)
         if "step_ids" in non_tensor:
             column = np.empty(len(samples), dtype=object)
-            column[:] = [list(s["step_ids"]) for s in samples]
+            column[:] = [row.numpy().astype(np.int32) for row in step_ids]  # the agent loop's padded rows
             non_tensor["step_ids"] = column
         extra = DataProto.from_dict(tensors=added, non_tensors=non_tensor, meta_info=dict(meta))
         if "old_log_probs" in tensors:

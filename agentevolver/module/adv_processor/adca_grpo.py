@@ -136,9 +136,10 @@ def cosine_alpha(alpha: float, alpha_min: float, step: int, total_steps: int) ->
 def step_ids_tensor(batch: Any) -> torch.Tensor:
     """The (B, L) step id of every response token, -1 for tokens of no step (padding included).
 
-    Read from ``batch.batch["step_ids"]`` when the rollout put a tensor there, else from the per-sample lists
-    our agent loop puts in ``non_tensor_batch["step_ids"]`` (or each ``episode_record["step_ids"]``), padded
-    on the right like ``responses``.
+    Read from ``batch.batch["step_ids"]`` when the rollout put a tensor there, else from
+    ``non_tensor_batch["step_ids"]``: our agent loop's rows are ``int32`` arrays already padded to the response
+    width (stacked as they are); other loops' per-sample lists (or each ``episode_record["step_ids"]``) are
+    padded on the right like ``responses``.
     """
     length = int(batch.batch["response_mask"].shape[1])
     device = batch.batch["response_mask"].device
@@ -156,6 +157,9 @@ def step_ids_tensor(batch: Any) -> torch.Tensor:
                            "non_tensor_batch['step_ids'] or non_tensor_batch['episode_record'][i]['step_ids'] "
                            "(the agentevolver agent loop provides the last two)")
         rows = [record.get("step_ids") or [] for record in records]
+    if len(rows) and all(isinstance(row, np.ndarray) and row.shape == (length,) for row in rows):
+        # our agent loop's rows: already padded to the response width, one stack makes the tensor
+        return torch.from_numpy(np.stack(list(rows)).astype(np.int64, copy=False)).to(device)
     return ragged_to_padded([row if row is not None else () for row in rows], length, device)
 
 
