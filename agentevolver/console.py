@@ -21,9 +21,9 @@ import re
 import sys
 import threading
 from pathlib import Path
-from typing import TextIO
+from typing import Any, TextIO
 
-__all__ = ["NOISE", "VERBOSE_ENV", "QuietStream", "install", "is_noise", "verbose"]
+__all__ = ["NOISE", "VERBOSE_ENV", "QuietStream", "attach", "install", "is_noise", "verbose"]
 
 #: Setting it to 1 (what ``--verbose`` does) shows everything.
 VERBOSE_ENV = "AGENTEVOLVER_VERBOSE"
@@ -82,7 +82,7 @@ class QuietStream(io.TextIOBase):
     Lines are cut at ``\\n`` and ``\\r`` (progress bars redraw with ``\\r``); a partial line waits for its end.
     """
 
-    def __init__(self, shown: TextIO, log: TextIO, lock: threading.Lock) -> None:
+    def __init__(self, shown: TextIO, log: Any, lock: threading.Lock) -> None:
         super().__init__()
         self.shown, self.log, self._lock = shown, log, lock
         self._partial = ""
@@ -118,15 +118,42 @@ class QuietStream(io.TextIOBase):
         return True
 
 
-def install(log_path: Path) -> Path | None:
-    """Route ``sys.stdout`` and ``sys.stderr`` through :class:`QuietStream` into ``log_path``; returns the log
-    path, or None when ``--verbose`` / ``AGENTEVOLVER_VERBOSE`` asks for everything (nothing installed)."""
-    if verbose() or isinstance(sys.stdout, QuietStream):
-        return None
-    log_path = log_path.expanduser().resolve()
-    log_path.parent.mkdir(parents=True, exist_ok=True)
-    log = open(log_path, "a", encoding="utf-8")  # noqa: SIM115 - open for the life of the process
-    lock = threading.Lock()
+class _LogFile:
+    """The log side of both streams: held in memory until :func:`attach` names the file (so a run that stops
+    on a config error writes nothing to disk), then appended to the file."""
+
+    def __init__(self) -> None:
+        self.pending: io.StringIO | None = io.StringIO()
+        self.file: TextIO | None = None
+
+    def write(self, text: str) -> None:
+        if self.file is not None:
+            self.file.write(text)
+        elif self.pending is not None:
+            self.pending.write(text)
+
+    def flush(self) -> None:
+        if self.file is not None:
+            self.file.flush()
+
+    def open(self, path: Path) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self.file = open(path, "a", encoding="utf-8")  # noqa: SIM115 - open for the life of the process
+        if self.pending is not None:
+            self.file.write(self.pending.getvalue())
+            self.pending = None
+        self.file.flush()
+
+
+def install() -> bool:
+    """Route ``sys.stdout`` and ``sys.stderr`` through :class:`QuietStream` (idempotent); False when
+    ``--verbose`` / ``AGENTEVOLVER_VERBOSE`` asks for everything (nothing installed). The full output is kept
+    in memory until :func:`attach` gives it a file."""
+    if verbose():
+        return False
+    if isinstance(sys.stdout, QuietStream):
+        return True
+    log, lock = _LogFile(), threading.Lock()
     streams = {id(sys.stdout): QuietStream(sys.stdout, log, lock), id(sys.stderr): QuietStream(sys.stderr, log, lock)}
     sys.stdout, sys.stderr = streams[id(sys.stdout)], streams[id(sys.stderr)]
     # Handlers created before this (Ray's driver logger is set up at `import ray`) hold the old streams.
@@ -135,4 +162,15 @@ def install(log_path: Path) -> Path | None:
     for handler in (handler for item in loggers for handler in item.handlers):
         if isinstance(handler, logging.StreamHandler) and id(handler.stream) in streams:
             handler.setStream(streams[id(handler.stream)])
+    return True
+
+
+def attach(log_path: Path) -> Path | None:
+    """Write the full output (so far and from now on) to ``log_path``; None when no filter is installed."""
+    stream = sys.stdout
+    if not isinstance(stream, QuietStream):
+        return None
+    log_path = log_path.expanduser().resolve()
+    with stream._lock:
+        stream.log.open(log_path)
     return log_path

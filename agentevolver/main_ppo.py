@@ -33,6 +33,7 @@ def prepare_config(cfg: DictConfig) -> DictConfig:
 
     settings = validate_config(cfg)
     _check_loggers(cfg.trainer.get("logger"))
+    _check_stages(cfg, settings)
     with open_dict(cfg):
         cfg.actor_rollout_ref.model.path = str(resolve_model_path(str(cfg.actor_rollout_ref.model.path)))
         cfg.agent_flow.dump.dir = str(rollout_dump_dir(settings.agent_flow.dump.dir, str(cfg.trainer.default_local_dir)))
@@ -40,6 +41,20 @@ def prepare_config(cfg: DictConfig) -> DictConfig:
         for key in ("synthetic_tasks_path", "checkpoint_path"):
             cfg.task_manager[key] = str(Path(str(cfg.task_manager[key])).expanduser().resolve())
     return cfg
+
+
+def _check_stages(cfg: DictConfig, settings: object) -> None:
+    """What the trainer's stages refuse (e.g. a multi-sample context manager with GAE), here on the driver."""
+    import warnings
+
+    from verl.trainer.ppo.utils import need_critic
+
+    from agentevolver.verl.trainer import check_stages
+
+    with warnings.catch_warnings():  # verl warns that GRPO needs no critic; it says so again in the run
+        warnings.simplefilter("ignore")
+        use_critic = need_critic(cfg)
+    check_stages(cfg, settings, use_critic=use_critic)
 
 
 def _check_loggers(value: object) -> None:
@@ -74,23 +89,26 @@ def train(cfg: DictConfig) -> None:
 
     cfg = prepare_config(cfg)
     check_verl_patches()
+    quiet_console(cfg)
     run_ppo(cfg, task_runner_class=TaskRunner)
 
 
 def quiet_console(cfg: DictConfig) -> None:
-    """Show the progress bar, the step table, validation lines and warnings a user can act on; everything
-    goes to ``<trainer.default_local_dir>/console.log`` (:mod:`agentevolver.console`; ``--verbose`` shows all)."""
+    """Once the config is known to be good: the full console output goes to
+    ``<trainer.default_local_dir>/console.log`` (:mod:`agentevolver.console`; ``--verbose`` shows all)."""
     from agentevolver import console
 
-    log = console.install(Path(str(cfg.trainer.default_local_dir)) / "console.log")
+    log = console.attach(Path(str(cfg.trainer.default_local_dir)) / "console.log")
     if log is not None:
         print(f"[agentevolver] full console output: {log} (--verbose shows it here)", file=sys.stderr)
 
 
 @hydra.main(config_path=None, config_name="agentevolver", version_base=None)
 def main(cfg: DictConfig) -> None:
+    from agentevolver import console
+
+    console.install()  # the progress bar, the step table, validation lines and actionable warnings on screen
     try:
-        quiet_console(cfg)
         train(cfg)
     except AgentEvolverError as err:
         print(f"error: {err}", file=sys.stderr)

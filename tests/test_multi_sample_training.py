@@ -11,6 +11,7 @@ advantage, and an earlier sample's log-probs changed after the update.
 from __future__ import annotations
 
 import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -103,3 +104,14 @@ def test_self_clip_trains_the_samples_before_each_archive(service: str, tmp_path
     assert done.returncode == 0, (done.stdout + done.stderr)[-6000:]
     assert scripted_llm.requests, "the archivist was never asked: no context was clipped"
     _check_every_sample_trained(tmp_path / "run")
+
+
+def test_a_combination_that_cannot_train_every_sample_stops_on_the_driver(tmp_path: Path) -> None:
+    """GAE gives per-token advantages, which earlier samples cannot inherit: exit 2 before Ray starts."""
+    done = subprocess.run([sys.executable, "-m", "agentevolver.main_ppo", "--config-name", "quickstart",
+                           "actor_rollout_ref.model.path=tiny-test", "agent_flow.context_template=self_clip",
+                           "algorithm.adv_estimator=gae", "critic.enable=false"],
+                          cwd=tmp_path, env=training_env(), capture_output=True, text=True, check=False)
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr[-3000:]
+    assert "outcome-level estimator" in done.stderr and "algorithm.adv_estimator='gae'" in done.stderr
+    assert not (tmp_path / "checkpoints").exists()  # nothing written for a run that never started

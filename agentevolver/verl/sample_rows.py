@@ -63,7 +63,7 @@ def refusal(*, multi_sample: bool, adv_estimator: str, use_critic: bool, distill
     if not multi_sample:
         return None
     if use_critic:
-        return ("a multi-sample context manager (agent_flow.context_manager.name) cannot be trained with a "
+        return ("a multi-sample context manager (agent_flow.context_template) cannot be trained with a "
                 "critic: the added samples have no values; use a critic-free estimator (algorithm.adv_estimator="
                 "grpo) or the linear context manager")
     if adv_estimator not in _OUTCOME_ESTIMATORS:

@@ -52,7 +52,7 @@ from agentevolver.verl.episode_metrics import episode_metrics
 from agentevolver.verl.rollout_manager import ExperienceRolloutManager, initial_rollouts
 from agentevolver.verl.sample_rows import expand_sample_rows, minibatch_rows, refusal
 
-__all__ = ["AgentEvolverTrainer", "dump_records", "exp_token_mask"]
+__all__ = ["AgentEvolverTrainer", "check_stages", "dump_records", "exp_token_mask"]
 
 logger = logging.getLogger(__name__)
 
@@ -87,14 +87,7 @@ class AgentEvolverTrainer(RayPPOTrainer):
     def __init__(self, *args: Any, settings: Any = None, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.settings = settings if settings is not None else validate_config(self.config)
-        reason = refusal(
-            multi_sample=self.settings.agent_flow.context_template != "linear",
-            adv_estimator=str(self.config.algorithm.adv_estimator),
-            use_critic=bool(self.use_critic),
-            distillation=bool((self.config.get("distillation") or {}).get("enabled", False)),
-        )
-        if reason:
-            raise ConfigError(reason)
+        check_stages(self.config, self.settings, use_critic=bool(self.use_critic))
         self._adca = AdcaStage(self.config, self.total_training_steps, settings=self.settings)
         exp = ExperienceManager.from_config(self.config, self.settings)
         self._exp: ExperienceManager | None = exp if exp.active else None
@@ -225,6 +218,20 @@ class AgentEvolverTrainer(RayPPOTrainer):
             return values[: len(values) - pad] if pad else values
 
         return run
+
+
+def check_stages(config: Any, settings: Any, *, use_critic: bool) -> None:
+    """The combinations the step's stages refuse, as a :class:`ConfigError`: run by ``main_ppo`` on the driver
+    (before Ray starts) and again when the trainer is built."""
+    reason = refusal(
+        multi_sample=settings.agent_flow.context_template != "linear",
+        adv_estimator=str(config.algorithm.adv_estimator),
+        use_critic=use_critic,
+        distillation=bool((config.get("distillation") or {}).get("enabled", False)),
+    )
+    if reason:
+        raise ConfigError(reason)
+    AdcaStage(config, 1, settings=settings)  # its checks (estimator) run in the constructor; no client is built
 
 
 def _pad_id(tokenizer: Any) -> int:
