@@ -36,6 +36,8 @@ def prepare_config(cfg: DictConfig) -> DictConfig:
     _check_stages(cfg, settings)
     with open_dict(cfg):
         cfg.actor_rollout_ref.model.path = str(resolve_model_path(str(cfg.actor_rollout_ref.model.path)))
+        # Absolute here: the TaskRunner and workers may run on other nodes, in other working directories.
+        cfg.trainer.default_local_dir = str(Path(str(cfg.trainer.default_local_dir)).expanduser().absolute())
         cfg.agent_flow.dump.dir = str(rollout_dump_dir(settings.agent_flow.dump.dir, str(cfg.trainer.default_local_dir)))
         # Ray actors need not share the driver's working directory: pin the task manager's files here.
         for key in ("synthetic_tasks_path", "checkpoint_path"):
@@ -85,12 +87,13 @@ def train(cfg: DictConfig) -> None:
     """Run one training job (blocking)."""
     from verl.trainer.main_ppo import run_ppo
 
+    from agentevolver.verl.reachability import pin_to_driver_node
     from agentevolver.verl.task_runner import TaskRunner
 
     cfg = prepare_config(cfg)
     check_verl_patches()
     quiet_console(cfg)
-    run_ppo(cfg, task_runner_class=TaskRunner)
+    run_ppo(cfg, task_runner_class=pin_to_driver_node(TaskRunner))  # it writes the run folder: the driver's node
 
 
 def quiet_console(cfg: DictConfig) -> None:
@@ -113,6 +116,12 @@ def main(cfg: DictConfig) -> None:
     except AgentEvolverError as err:
         print(f"error: {err}", file=sys.stderr)
         sys.exit(2)
+    except Exception as err:  # a start-up check inside the TaskRunner actor arrives wrapped by Ray
+        cause = getattr(err, "cause", None)
+        if isinstance(cause, AgentEvolverError):
+            print(f"error: {cause}", file=sys.stderr)
+            sys.exit(2)
+        raise
 
 
 if __name__ == "__main__":

@@ -37,6 +37,7 @@ from agentevolver.module.agent_flow.config import AgentFlowConfig
 from agentevolver.module.agent_flow.episode import EpisodeResult, EpisodeSpec
 from agentevolver.module.agent_flow.flow import AgentFlow, clipper_for
 from agentevolver.module.task_manager.graders import GraderPool, agrade_episode
+from agentevolver.verl.custom_reward import apply_custom_reward
 
 __all__ = ["AGENT_LOOP_NAME", "AgentEvolverAgentLoop", "episode_spec_from_row", "flow_budgets", "retriever_for"]
 
@@ -169,6 +170,7 @@ class AgentEvolverAgentLoop(AgentLoopBase):
         result = await self.flow.run(spec, sampling_params)
         if spec.metadata.get("evaluator", "env") != "env":  # a synthetic task: its own grader scores it
             result = await agrade_episode(result, spec, _shared_grader_pool(self.config))
+        result = await apply_custom_reward(result, spec, kwargs, self.config, self.tokenizer)  # reward.custom_reward_function
         return to_agent_loop_output(result, self.tokenizer, int(self.config.actor_rollout_ref.rollout.response_length))
 
 

@@ -41,6 +41,8 @@ class TaskRunner(BaseTaskRunner):
         import agentevolver.verl.plugin  # noqa: F401 - registrations in this process too
         from agentevolver.config import validate_config
         from agentevolver.verl import patches as verl_patches
+        from agentevolver.verl.custom_reward import check_custom_reward
+        from agentevolver.verl.reachability import check_cluster
         from agentevolver.verl.trainer import AgentEvolverTrainer
 
         OmegaConf.resolve(config)
@@ -51,6 +53,8 @@ class TaskRunner(BaseTaskRunner):
         verl_validate_config(config=config, use_reference_policy=need_reference_policy(config),
                              use_critic=need_critic(config))
         settings = validate_config(config)  # our sections, once per run; passed down as typed settings
+        check_custom_reward(config)
+        check_cluster(config)  # every node in use reaches the services and reads the model / run folder
         model_config: HFModelConfig = omega_conf_to_dataclass(config.actor_rollout_ref.model)
         train_dataset, val_dataset = build_datasets(config, settings)
         trainer = AgentEvolverTrainer(

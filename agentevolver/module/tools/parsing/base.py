@@ -88,6 +88,11 @@ class ToolCallParser(ABC):
 
     #: The name it is registered under (set by :func:`register_parser`).
     name: str = ""
+    #: Special tokens (text) at which generation must stop so the calls can run: some models end a call
+    #: with a token that is not their end-of-sequence and would otherwise go on writing the tool's answer
+    #: themselves (Gemma 4's ``<tool_call|>``, GLM's ``<|observation|>``). :meth:`stop_token_ids` turns them
+    #: into ids for the rollout's ``stop_token_ids``.
+    stop_tokens: tuple[str, ...] = ()
 
     @abstractmethod
     def extract(self, text: str, tools: Sequence[ToolSchema] | None = None) -> ParsedAction:
@@ -100,6 +105,16 @@ class ToolCallParser(ABC):
         if action.errors:
             logger.debug("parser %s: %d malformed block(s): %s", self.name, len(action.errors), action.errors)
         return action
+
+    def stop_token_ids(self, tokenizer: Any) -> list[int]:
+        """Ids of :attr:`stop_tokens` that ``tokenizer`` has as single tokens (others are skipped)."""
+        ids: list[int] = []
+        for token in self.stop_tokens:
+            token_id = tokenizer.convert_tokens_to_ids(token)
+            unknown = getattr(tokenizer, "unk_token_id", None)
+            if isinstance(token_id, int) and token_id >= 0 and token_id != unknown and token_id not in ids:
+                ids.append(token_id)
+        return ids
 
     def parse_ids(
         self,

@@ -33,6 +33,7 @@ class CompositeParser(ToolCallParser):
         if isinstance(parsers, str) or not parsers:
             raise ConfigError(f"composite tool parser needs a non-empty list of parsers; got {parsers!r}")
         self.parts: list[ToolCallParser] = [build_parser(part) for part in parsers]
+        self.stop_tokens = tuple(dict.fromkeys(token for part in self.parts for token in part.stop_tokens))
 
     def extract(self, text: str, tools: Sequence[ToolSchema] | None = None) -> ParsedAction:
         """See the module docstring."""

@@ -1,0 +1,216 @@
+"""Start-up cluster checks (agentevolver.verl.reachability): every node reaches the services and reads the files.
+
+With a real local Ray cluster and the real environment service: the per-node Ray task finds the live
+service, names a dead URL with its config key and node, checks the model folder and the shared-run-folder
+marker, and the TaskRunner wrapper lands on the driver's node. What needs several machines (which nodes
+are used, a run folder one node cannot see, a copy that differs) is tested on the pure pieces with node
+reports as the Ray tasks would return them.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from env_service_fixture import env_service, free_port
+from omegaconf import DictConfig, open_dict
+
+from agentevolver.config import load_config
+from agentevolver.models import resolve_model_path
+from agentevolver.verl.reachability import (
+    ClusterCheckError,
+    ClusterReport,
+    Endpoint,
+    NodeReport,
+    PathCheck,
+    check_cluster,
+    endpoints_in_use,
+    node_report,
+    nodes_in_use,
+    pin_to_driver_node,
+    probe,
+)
+
+
+@pytest.fixture(scope="module")
+def live_env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    with env_service("lottery", tmp_path=tmp_path_factory.mktemp("reach")) as running:
+        yield running.url
+
+
+@pytest.fixture(scope="module")
+def dead_url() -> str:
+    return f"http://127.0.0.1:{free_port()}"  # a port nothing listens on
+
+
+@pytest.fixture(scope="module")
+def base_config() -> DictConfig:
+    cfg, _ = load_config(["actor_rollout_ref.model.path=tiny-test"])
+    return cfg
+
+
+@pytest.fixture(scope="module")
+def ray_cluster() -> Iterator[Any]:
+    import ray
+
+    if ray.is_initialized():
+        ray.shutdown()
+    # address="local": a cluster of its own even if `ray start` runs on this machine
+    ray.init(address="local", num_cpus=2, num_gpus=0, include_dashboard=False, log_to_driver=False)
+    try:
+        yield ray
+    finally:
+        ray.shutdown()
+
+
+def _set(base: DictConfig, values: dict[str, Any]) -> DictConfig:
+    from omegaconf import OmegaConf
+
+    cfg = copy.deepcopy(base)
+    with open_dict(cfg):
+        for key, value in values.items():
+            OmegaConf.update(cfg, key, value, force_add=True)
+    return cfg
+
+
+# ------------------------------------------------------------------------------------------ what is checked
+
+
+def test_only_the_services_the_mechanisms_use(base_config: DictConfig) -> None:
+    plain = endpoints_in_use(base_config)
+    assert [(e.key, e.strict) for e in plain] == [("env_service.env_url", True)]
+    assert plain[0].probe_url == "http://127.0.0.1:8080/healthz"
+
+    overall, _ = load_config([], config_name="overall")
+    keys = {e.key: e for e in endpoints_in_use(overall)}
+    assert set(keys) == {"env_service.env_url", "memory.base_url", "llm.endpoints.local.base_url"}
+    llm = keys["llm.endpoints.local.base_url"]
+    assert llm.probe_url == "http://127.0.0.1:8010/v1/models" and not llm.strict
+    for role in ("judge", "task_explorer", "task_summarizer", "task_filter", "task_grader"):
+        assert role in llm.what
+
+    clip = endpoints_in_use(_set(base_config, {"agent_flow.context_template": "self_clip"}))
+    assert "context_clipper" in clip[-1].what
+
+
+def test_probe_rules(live_env: str, dead_url: str) -> None:
+    assert probe(f"{live_env}/healthz", strict=True, attempts=1) is None
+    assert probe(f"{dead_url}/healthz", strict=True, attempts=2, backoff_s=0.1).startswith("cannot connect")
+    assert probe(f"{live_env}/no-such-route", strict=True) == "answered HTTP 404 (expected 200)"
+    assert probe(f"{live_env}/no-such-route", strict=False) is None  # something answers there
+
+
+def test_nodes_in_use_follow_verls_placement(base_config: DictConfig) -> None:
+    def node(node_id: str, cpu: float = 4, gpu: float = 0, alive: bool = True) -> dict[str, Any]:
+        return {"NodeID": node_id, "Alive": alive, "Resources": {"CPU": cpu, "GPU": gpu}}
+
+    nodes = [node("head", gpu=0), node("gpu1", gpu=8), node("cpu2"), node("cpu3"), node("dead", alive=False),
+             node("nocpu", cpu=0)]
+    two = _set(base_config, {"actor_rollout_ref.rollout.agent.num_workers": 2})
+    # agent-loop workers round-robin over the first 2 CPU nodes; every GPU node; the checking node
+    assert [n["NodeID"] for n in nodes_in_use(two, nodes, current="cpu3")] == ["head", "gpu1", "cpu3"]
+    eight = _set(base_config, {"actor_rollout_ref.rollout.agent.num_workers": 8})
+    assert [n["NodeID"] for n in nodes_in_use(eight, nodes)] == ["head", "gpu1", "cpu2", "cpu3"]
+
+
+def test_problems_name_url_key_and_node() -> None:
+    env = Endpoint("environment service", "env_service.env_url", "http://10.0.0.5:8080",
+                   "http://10.0.0.5:8080/healthz", strict=True)
+    marker = PathCheck("run folder", "trainer.default_local_dir", "/runs/x/.agentevolver/shared-check-1", marker="t")
+    good = NodeReport(node_id="a" * 32, ip="10.0.0.5", hostname="head")
+    bad = NodeReport(node_id="b" * 32, ip="10.0.0.7", hostname="gpu-02",
+                     unreachable={env.probe_url: "cannot connect (connection refused)"},
+                     unreadable={marker.path: "not visible: the run folder is not shared"})
+    problems = ClusterReport([env], [marker], [good, bad]).problems()
+    assert problems == [
+        "environment service http://10.0.0.5:8080 (env_service.env_url) is not reachable from node 10.0.0.7, "
+        "host gpu-02 (Ray node bbbbbbbbbbbb): cannot connect (connection refused) [GET http://10.0.0.5:8080/healthz]",
+        "run folder /runs/x/.agentevolver/shared-check-1 (trainer.default_local_dir) on node 10.0.0.7, host gpu-02 "
+        "(Ray node bbbbbbbbbbbb): not visible: the run folder is not shared",
+    ]
+
+
+def test_path_checks_on_a_node(tmp_path: Path) -> None:
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps({"hidden_size": 8}))
+    marker = tmp_path / "marker"
+    marker.write_text("token-1")
+    checks = [
+        PathCheck("model folder", "actor_rollout_ref.model.path", str(model), fingerprint="0" * 64),
+        PathCheck("model folder", "actor_rollout_ref.model.tokenizer_path", str(tmp_path / "absent")),
+        PathCheck("run folder", "trainer.default_local_dir", str(marker), marker="token-2"),
+        PathCheck("run folder", "trainer.default_local_dir", str(tmp_path / "no-marker"), marker="token-3"),
+    ]
+    report = node_report([], checks)
+    assert "differs from the checking node's copy" in report.unreadable[str(model)]
+    assert "does not exist on this node" in report.unreadable[str(tmp_path / "absent")]
+    assert "another run's marker" in report.unreadable[str(marker)]
+    assert report.unreadable[str(tmp_path / "no-marker")].startswith("not visible")
+
+
+# ------------------------------------------------------------------------------------------ with Ray
+
+
+def test_reachable_services_pass(ray_cluster: Any, base_config: DictConfig, live_env: str) -> None:
+    model = str(resolve_model_path("tiny-test"))
+    cfg = _set(base_config, {"env_service.env_url": live_env, "actor_rollout_ref.model.path": model})
+    report = check_cluster(cfg, attempts=1)
+    assert len(report.nodes) == 1 and report.problems() == []
+    assert report.nodes[0].node_id == ray_cluster.get_runtime_context().get_node_id()
+    assert [p.key for p in report.paths] == ["actor_rollout_ref.model.path"]
+    assert report.paths[0].fingerprint  # compared by config.json content
+
+
+def test_two_env_service_urls_one_unreachable_refuses_to_start(ray_cluster: Any, base_config: DictConfig,
+                                                               live_env: str, dead_url: str) -> None:
+    check_cluster(_set(base_config, {"env_service.env_url": live_env}), attempts=1)  # the live one passes
+    with pytest.raises(ClusterCheckError) as err:
+        check_cluster(_set(base_config, {"env_service.env_url": dead_url}), attempts=2)
+    message = str(err.value)
+    node_ip = ray_cluster.util.get_node_ip_address()
+    assert message.startswith("cluster check failed (1 problem on 1 node); the run was not started:")
+    assert f"environment service {dead_url} (env_service.env_url) is not reachable from node {node_ip}" in message
+    assert "cannot connect" in message and live_env not in message
+
+
+def test_every_unreachable_service_is_named(ray_cluster: Any, base_config: DictConfig, live_env: str,
+                                            dead_url: str) -> None:
+    cfg = _set(base_config, {"env_service.env_url": live_env, "memory.base_url": dead_url,
+                             "memory.enable_context_generator": True,
+                             "attribution_driven_credit_assignment.enable": True,
+                             "llm.endpoints.local.base_url": f"{dead_url}/v1"})
+    with pytest.raises(ClusterCheckError) as err:
+        check_cluster(cfg, attempts=1)
+    lines = str(err.value).splitlines()
+    assert lines[0].startswith("cluster check failed (2 problems on 1 node)")
+    assert f"memory service {dead_url} (memory.base_url)" in lines[1]
+    assert f"LLM endpoint 'local' (roles judge) {dead_url}/v1 (llm.endpoints.local.base_url)" in lines[2]
+    assert f"[GET {dead_url}/v1/models]" in lines[2]
+
+
+def test_shared_run_folder_marker(ray_cluster: Any, base_config: DictConfig, live_env: str, tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    cfg = _set(base_config, {"env_service.env_url": live_env, "trainer.default_local_dir": str(run_dir)})
+    report = check_cluster(cfg, attempts=1, shared_run_dir=True)
+    (marker,) = [p for p in report.paths if p.key == "trainer.default_local_dir"]
+    assert marker.path.startswith(str(run_dir / ".agentevolver" / "shared-check-"))
+    assert not Path(marker.path).exists()  # removed after the check
+    # one node: nothing to share, no marker written
+    assert not [p for p in check_cluster(cfg, attempts=1).paths if p.key == "trainer.default_local_dir"]
+
+
+def test_task_runner_pinned_to_the_driver_node(ray_cluster: Any) -> None:
+    @ray_cluster.remote(num_cpus=0)
+    class WhereAmI:
+        def node(self) -> str:
+            return ray_cluster.get_runtime_context().get_node_id()
+
+    here = ray_cluster.get_runtime_context().get_node_id()
+    pinned = pin_to_driver_node(WhereAmI)
+    assert ray_cluster.get(pinned.remote().node.remote()) == here
+    assert ray_cluster.get(pinned.options(name="where-am-i").remote().node.remote()) == here
