@@ -1,0 +1,334 @@
+"""The ablation's report folder: ``README.md`` (tables), ``curves.png`` (validation curves), ``commands.sh``
+(the exact command of every run) and ``summary.json`` (every number of the tables, per run and per arm).
+
+Validation success is verl's ``val-core/<env>/acc/mean@k`` (the mean success over the k validation
+samples of each task: the reference's avg@k) and ``val-core/<env>/acc/best@k/mean`` (best@k; verl logs it
+only for k > 1, and best@1 = avg@1). "Before" is the validation at step 0 (``trainer.val_before_train``),
+"after" the one at the run's final step. Per arm: the mean over the finished seeds, ± their sample
+standard deviation (n - 1; none for one seed). Numbers are percentages.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+import statistics
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from agentevolver.experiments.plan import AblationPlan, RunPlan
+from agentevolver.experiments.state import RunState, now, read_metrics_file
+
+__all__ = ["ArmSummary", "RunResult", "arm_rows", "collect", "environments", "k_label", "summarize", "write_report"]
+
+_MEAN = re.compile(r"^val-core/(?P<env>.+)/(?P<var>[^/]+)/mean@(?P<k>\d+)$")
+_BEST = re.compile(r"^val-core/(?P<env>.+)/(?P<var>[^/]+)/best@(?P<k>\d+)/mean$")
+
+
+@dataclass
+class RunResult:
+    """One run's outcome: status, wall time and validation curves per environment (fractions 0..1)."""
+
+    run: RunPlan
+    status: str
+    attempts: int
+    wall_s: float | None
+    k: int | None = None
+    avg: dict[str, dict[int, float]] = field(default_factory=dict)  # env -> step -> avg@k
+    best: dict[str, dict[int, float]] = field(default_factory=dict)  # env -> step -> best@k
+
+    def before(self, env: str) -> float | None:
+        return self.avg.get(env, {}).get(0)
+
+    def after(self, env: str, curve: str = "avg") -> float | None:
+        if self.status != "done" or self.run.total_steps is None:
+            return None
+        return getattr(self, curve).get(env, {}).get(self.run.total_steps)
+
+
+@dataclass
+class ArmSummary:
+    """An arm over its seeds (finished runs only)."""
+
+    arm: str
+    planned: int
+    done: list[RunResult]
+    roles: dict[str, str]
+
+    def values(self, env: str, which: str) -> list[float]:
+        picked = {"before": lambda r: r.before(env), "after": lambda r: r.after(env),
+                  "best": lambda r: r.after(env, "best"), "delta": lambda r: _delta(r, env)}[which]
+        return [value for result in self.done if (value := picked(result)) is not None]
+
+    def wall(self) -> list[float]:
+        return [result.wall_s for result in self.done if result.wall_s is not None]
+
+
+def _delta(result: RunResult, env: str) -> float | None:
+    before, after = result.before(env), result.after(env)
+    return None if before is None or after is None else after - before
+
+
+def _curves(metrics: dict[int, dict[str, float | None]]) -> tuple[int | None, dict, dict]:
+    """(k, env -> step -> avg@k, env -> step -> best@k) from a run's metrics; ``acc`` preferred over
+    ``reward`` (verl's own choice of the core variable). best@1 is avg@1."""
+    avg: dict[tuple[str, str], dict[int, float]] = {}
+    best: dict[tuple[str, str], dict[int, float]] = {}
+    k_seen: set[int] = set()
+    for step, line in metrics.items():
+        for key, value in line.items():
+            if value is None:
+                continue
+            if m := _MEAN.match(key):
+                avg.setdefault((m["env"], m["var"]), {})[step] = value
+                k_seen.add(int(m["k"]))
+            elif m := _BEST.match(key):
+                best.setdefault((m["env"], m["var"]), {})[step] = value
+    envs = sorted({env for env, _var in avg})
+    out_avg: dict[str, dict[int, float]] = {}
+    out_best: dict[str, dict[int, float]] = {}
+    for env in envs:
+        var = "acc" if (env, "acc") in avg else "reward"
+        out_avg[env] = dict(sorted(avg.get((env, var), {}).items()))
+        out_best[env] = dict(sorted(best.get((env, var), out_avg[env]).items()))
+    return (max(k_seen) if k_seen else None), out_avg, out_best
+
+
+def collect(plan: AblationPlan) -> list[RunResult]:
+    """Every planned run's status and curves, as they are on disk now."""
+    results = []
+    for run in plan.runs:
+        state = RunState(run)
+        done = state.is_done()
+        k, avg, best = _curves(read_metrics_file(run.run_dir))
+        results.append(RunResult(run=run, status="done" if done else state.status, attempts=len(state.attempts),
+                                 wall_s=state.wall_s(), k=k, avg=avg, best=best))
+    return results
+
+
+def summarize(plan: AblationPlan, results: list[RunResult]) -> list[ArmSummary]:
+    summaries = []
+    for arm in plan.arms:
+        runs = [r for r in results if r.run.arm == arm.name]
+        roles: dict[str, str] = {}
+        for result in runs:  # the same for every seed, unless a seed override changed one
+            for role, source in result.run.roles.items():
+                roles[role] = source if roles.get(role, source) == source else f"{roles[role]} / {source}"
+        summaries.append(ArmSummary(arm=arm.name, planned=len(runs), done=[r for r in runs if r.status == "done"],
+                                    roles=roles))
+    return summaries
+
+
+# -- formatting -----------------------------------------------------------------------------------------------
+
+def _pct(value: float | None) -> str:
+    return "—" if value is None else f"{100 * value:.1f}"
+
+
+def _mean_sd(values: list[float], signed: bool = False) -> str:
+    if not values:
+        return "—"
+    mean = 100 * statistics.fmean(values)
+    text = f"{mean:+.1f}" if signed else f"{mean:.1f}"
+    if len(values) > 1:
+        text += f" ± {100 * statistics.stdev(values):.1f}"
+    return text
+
+
+def _duration(seconds: float | None) -> str:
+    if seconds is None:
+        return "—"
+    if seconds < 90:
+        return f"{seconds:.0f} s"
+    if seconds < 5400:
+        return f"{seconds / 60:.1f} min"
+    return f"{seconds / 3600:.2f} h"
+
+
+def _roles(roles: dict[str, str]) -> str:
+    return "; ".join(f"{role}: {source}" for role, source in roles.items()) or "—"
+
+
+def _cell(text: object) -> str:
+    return str(text).replace("|", "\\|").replace("\n", " ")
+
+
+def _table(header: list[str], rows: Iterable[list[str]]) -> list[str]:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(_cell(c) for c in row) + " |" for row in rows]
+    return lines
+
+
+def environments(results: list[RunResult]) -> list[str]:
+    return sorted({env for result in results for env in result.avg})
+
+
+def k_label(results: list[RunResult]) -> str:
+    ks = sorted({r.k for r in results if r.k is not None})
+    return "/".join(map(str, ks)) if ks else "k"
+
+
+def arm_rows(plan: AblationPlan, results: list[RunResult], env: str) -> list[list[str]]:
+    rows = []
+    for summary in summarize(plan, results):
+        avg_after, best_after = summary.values(env, "after"), summary.values(env, "best")
+        reference = "—" if not avg_after else \
+            f"{100 * statistics.fmean(avg_after):.1f} / {100 * statistics.fmean(best_after or avg_after):.1f}"
+        wall = summary.wall()
+        rows.append([
+            summary.arm, f"{len(summary.done)}/{summary.planned}",
+            _mean_sd(summary.values(env, "before")), _mean_sd(avg_after), _mean_sd(summary.values(env, "delta"), True),
+            reference, _duration(statistics.fmean(wall) if wall else None), _roles(summary.roles),
+        ])
+    return rows
+
+
+def render_markdown(plan: AblationPlan, results: list[RunResult], command_line: str) -> str:
+    k = k_label(results)
+    envs = environments(results)
+    lines = [f"# Ablation `{plan.spec.name}`", "",
+             f"Training preset `{plan.spec.conf}`, ablation file `{plan.spec_path}`, seeds "
+             f"{', '.join(map(str, plan.seeds))}; {sum(r.status == 'done' for r in results)} of {len(results)} runs "
+             f"finished. Updated {now()}.", "",
+             "```bash", command_line, "```", ""]
+    if not envs:
+        lines += ["No validation metrics yet (val-core/<env>/acc/mean@k in the runs' metrics.jsonl).", ""]
+    for env in envs:
+        lines += [f"## Validation success on `{env}` (%)", "",
+                  f"avg@{k} = mean success over the {k} validation sample(s) per task; best@{k} = a task counts if "
+                  f"any sample succeeded (best@1 = avg@1). Before = step 0, after = the final step; mean ± sample "
+                  f"std over the finished seeds; Δ = after - before per seed, averaged. Wall time: per run, "
+                  f"resumed attempts summed.", ""]
+        lines += _table(["arm", "runs", f"avg@{k} before", f"avg@{k} after", "Δ", f"avg@{k} / best@{k} after",
+                         "wall time / run", "roles"], arm_rows(plan, results, env))
+        lines.append("")
+    lines += ["![validation curves](curves.png)", "", "## Runs", ""]
+    run_rows = []
+    for r in results:
+        env_parts = [f"{env}: {_pct(r.before(env))} → {_pct(r.after(env))}" for env in envs]
+        run_rows.append([r.run.arm, str(r.run.seed), r.status, str(r.attempts), "; ".join(env_parts) or "—",
+                         _duration(r.wall_s), f"`{os.path.relpath(r.run.run_dir, plan.out)}`"])
+    lines += _table(["arm", "seed", "status", "attempts", f"avg@{k} before → after", "wall time", "run folder"],
+                    run_rows)
+    lines += ["", "## Arms", ""]
+    lines += _table(["arm", "description", "overrides", "services"],
+                    [[a.name, a.description or "—", " ".join(f"`{o}`" for o in a.overrides) or "—",
+                      ", ".join(dict.fromkeys([*plan.spec.services, *a.services])) or "—"] for a in plan.arms])
+    lines += ["", "Every run also gets the shared overrides (the budget): "
+              + (" ".join(f"`{o}`" for o in plan.spec.overrides) or "none")
+              + "; the seed overrides " + (" ".join(f"`{o}`" for o in plan.spec.seed_overrides) or "none")
+              + "; and the command line's " + (" ".join(f"`{o}`" for o in plan.cli_overrides) or "none") + ".", ""]
+    budget = plan.runs[0].budget if plan.runs else {}
+    if budget:
+        lines += ["## Budget", "", "Equal for every arm unless listed below.", ""]
+        lines += _table(["key", "value"], [[f"`{key}`", f"`{value}`"] for key, value in budget.items()])
+    differences = plan.budget_differences()
+    if differences:
+        lines += ["", "**Arms differ in budget keys** (not a like-for-like comparison):", ""]
+        lines += [f"- `{key}`: " + ", ".join(f"{arm} = `{value}`" for arm, value in values.items())
+                  for key, values in differences.items()]
+    lines += ["", "## Files", "",
+              "- `commands.sh`: the exact launcher command of every run (and of the shared services launch).",
+              "- `curves.png`: validation avg@k per arm over training steps (mean over the finished seeds, band ±1 std; "
+              "thin lines: each seed, dashed while unfinished).",
+              "- `summary.json`: every number above, per run and per arm.",
+              "- `runs/<arm>/seed<k>/`: each run's folder (metrics.jsonl, console.log, rollouts/, checkpoints, "
+              "ablation_run.json with its attempts); `records/`: the launcher records; `logs/`: launcher output.",
+              ""]
+    return "\n".join(lines)
+
+
+def plot_curves(plan: AblationPlan, results: list[RunResult], path: Path) -> None:
+    """``curves.png``: one panel per environment, one line per arm (the mean over its finished seeds at each
+    validation step, shaded ±1 std where there are two or more), every seed as a thin line (dashed while
+    the run is unfinished)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
+
+    envs = environments(results) or ["(no validation yet)"]
+    k = k_label(results)
+    fig, axes = plt.subplots(1, len(envs), figsize=(6.4 * len(envs), 4.4), squeeze=False)
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    for ax, env in zip(axes[0], envs, strict=True):
+        for index, arm in enumerate(plan.arms):
+            color = colors[index % len(colors)]
+            runs = [r for r in results if r.run.arm == arm.name and r.avg.get(env)]
+            for r in runs:
+                steps = sorted(r.avg[env])
+                ax.plot(steps, [100 * r.avg[env][s] for s in steps], color=color, alpha=0.3, linewidth=0.8,
+                        linestyle="-" if r.status == "done" else "--")
+            finished = [r for r in runs if r.status == "done"]
+            steps = sorted({s for r in finished for s in r.avg[env]})
+            if not steps:
+                continue
+            per_step = [[r.avg[env][s] for r in finished if s in r.avg[env]] for s in steps]
+            mean = [100 * statistics.fmean(v) for v in per_step]
+            sd = [100 * statistics.stdev(v) if len(v) > 1 else 0.0 for v in per_step]
+            ax.plot(steps, mean, color=color, marker="o", linewidth=2, label=f"{arm.name} (n={len(finished)})")
+            if any(sd):
+                ax.fill_between(steps, [m - d for m, d in zip(mean, sd, strict=True)],
+                                [m + d for m, d in zip(mean, sd, strict=True)], color=color, alpha=0.15)
+        ax.set_title(f"{plan.spec.name}: {env}")
+        ax.set_xlabel("training step")
+        ax.set_ylabel(f"validation success avg@{k} (%)")
+        ax.set_ylim(-2, 102)
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.grid(alpha=0.3)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(loc="best", fontsize="small", title="mean over finished seeds", title_fontsize="small")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def render_commands(plan: AblationPlan, command_line: str) -> str:
+    lines = ["#!/usr/bin/env bash",
+             f"# Ablation {plan.spec.name!r}: the exact command of every run, in the order they ran.",
+             f"#   {command_line}",
+             "# Each command is a normal launch (docs/launcher.md): run alone, it starts the services it names and",
+             "# stops them at its end. The ablation started them once instead (the services launch below) and every",
+             "# run reused them, as a launch reuses a service that already answers.",
+             "set -euo pipefail",
+             f"cd {shlex.quote(os.getcwd())}", ""]
+    if plan.services:
+        lines += ["# shared services, held for the whole ablation (blocks until stopped):",
+                  "# " + shlex.join(plan.hold_argv), ""]
+    for run in plan.runs:
+        lines += [f"# {run.arm}, seed {run.seed} -> {run.run_dir}", shlex.join(run.argv), ""]
+    return "\n".join(lines)
+
+
+def summary_json(plan: AblationPlan, results: list[RunResult]) -> dict[str, Any]:
+    envs = environments(results)
+    arms = []
+    for summary in summarize(plan, results):
+        per_env = {}
+        for env in envs:
+            per_env[env] = {which: summary.values(env, which) for which in ("before", "after", "best", "delta")}
+        arms.append({"arm": summary.arm, "planned": summary.planned, "done": len(summary.done),
+                     "roles": summary.roles, "wall_s": summary.wall(), "validation": per_env})
+    runs = [{**r.run.to_json(), "status": r.status, "attempts": r.attempts, "wall_s": r.wall_s, "k": r.k,
+             "avg": {env: {str(s): v for s, v in c.items()} for env, c in r.avg.items()},
+             "best": {env: {str(s): v for s, v in c.items()} for env, c in r.best.items()}} for r in results]
+    return {"name": plan.spec.name, "updated": now(), "arms": arms, "runs": runs,
+            "budget_differences": plan.budget_differences()}
+
+
+def write_report(plan: AblationPlan, command_line: str) -> list[RunResult]:
+    """Write README.md, curves.png, commands.sh and summary.json into the ablation folder."""
+    results = collect(plan)
+    plan.out.mkdir(parents=True, exist_ok=True)
+    (plan.out / "README.md").write_text(render_markdown(plan, results, command_line), encoding="utf-8")
+    plot_curves(plan, results, plan.out / "curves.png")
+    commands = plan.out / "commands.sh"
+    commands.write_text(render_commands(plan, command_line), encoding="utf-8")
+    commands.chmod(0o755)
+    (plan.out / "summary.json").write_text(json.dumps(summary_json(plan, results), indent=2), encoding="utf-8")
+    return results

@@ -1,0 +1,116 @@
+"""What the ablation knows about each run on disk: ``<run dir>/ablation_run.json`` and ``metrics.jsonl``.
+
+A run is **done** when its state file says so (written after its launch exited 0 with the final step in
+``metrics.jsonl``), or when ``metrics.jsonl`` already holds the final training step (the run finished but
+the ablation was killed before it wrote the state). verl logs a step's line after that step's validation
+and checkpoint, so the final step's line means the run is complete. Anything else is redone: the same
+command again, with ``trainer.resume_mode=auto`` (verl continues after the run's latest checkpoint, or
+starts afresh when there is none; ``metrics.jsonl`` is appended to and its last line of a step wins).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from agentevolver.errors import ConfigError
+from agentevolver.experiments.plan import RunPlan
+
+__all__ = ["METRICS_FILE", "STATE_FILE", "RunState", "final_step_logged", "now", "read_metrics_file"]
+
+#: Per-run state file, in the run's folder.
+STATE_FILE = "ablation_run.json"
+#: The trainer's per-step metrics (agentevolver.verl.tracking.METRICS_FILE).
+METRICS_FILE = "metrics.jsonl"
+
+#: Keys that only a training step's line has (a validation-only line, e.g. step 0, has none of them).
+_TRAINING_KEYS = ("timing_s/step", "actor/pg_loss", "training/global_step")
+
+
+def now() -> str:
+    return datetime.now(UTC).isoformat(timespec="seconds")
+
+
+def read_metrics_file(run_dir: Path) -> dict[int, dict[str, float | None]]:
+    """Step -> metrics of the run's ``metrics.jsonl`` ({} when there is none yet)."""
+    from agentevolver.verl.tracking import read_metrics  # verl import: only when a run's metrics are read
+
+    path = run_dir / METRICS_FILE
+    return read_metrics(path) if path.is_file() else {}
+
+
+def final_step_logged(run_dir: Path, total_steps: int | None) -> bool:
+    """Whether ``metrics.jsonl`` holds the training line of step ``total_steps``."""
+    if total_steps is None:
+        return False
+    line = read_metrics_file(run_dir).get(total_steps) or {}
+    return any(key in line for key in _TRAINING_KEYS)
+
+
+class RunState:
+    """``<run dir>/ablation_run.json``: the run's command, its attempts (start, end, wall time, exit status)
+    and its status (new, running, done, failed, stopped)."""
+
+    def __init__(self, run: RunPlan) -> None:
+        self.run = run
+        self.path = run.run_dir / STATE_FILE
+        self.data: dict[str, Any] = {}
+        if self.path.is_file():
+            self.data = json.loads(self.path.read_text(encoding="utf-8"))
+
+    @property
+    def status(self) -> str:
+        return str(self.data.get("status", "new"))
+
+    @property
+    def attempts(self) -> list[dict[str, Any]]:
+        return list(self.data.get("attempts", []))
+
+    def check_same_command(self) -> None:
+        """A run folder made with other overrides or another preset is not this run: refuse to mix them."""
+        if not self.data:
+            return
+        if self.data.get("overrides") != self.run.overrides or self.data.get("conf") != str(self.run.conf):
+            raise ConfigError(
+                f"run {self.run.key}: {self.path} was made with another command (the preset, the arm's or the "
+                f"shared overrides, or the command line's changed); use another --out, or delete "
+                f"{self.run.run_dir} to run it again with the new one")
+
+    def is_done(self) -> bool:
+        """Done per the state file, or finished according to its metrics (then the state file is written)."""
+        if self.status == "done":
+            return True
+        if final_step_logged(self.run.run_dir, self.run.total_steps):
+            self.data.setdefault("attempts", [])
+            self.save(status="done", note="the final step is in metrics.jsonl; the ablation stopped before it "
+                                          "recorded the run's end (its wall time is not known)")
+            return True
+        return False
+
+    def begin(self, log: Path) -> None:
+        attempts = self.attempts
+        attempts.append({"started": now(), "log": str(log)})
+        self.save(status="running", attempts=attempts)
+
+    def end(self, exit_code: int, wall_s: float, status: str, reason: str | None = None) -> None:
+        attempts = self.attempts
+        attempts[-1].update(finished=now(), wall_s=round(wall_s, 1), exit_code=exit_code)
+        if reason:
+            attempts[-1]["reason"] = reason
+        self.save(status=status, attempts=attempts)
+
+    def save(self, **changes: Any) -> None:
+        self.data.update(arm=self.run.arm, seed=self.run.seed, experiment=self.run.experiment,
+                         conf=str(self.run.conf), overrides=self.run.overrides, argv=self.run.argv, **changes)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(self.data, indent=2), encoding="utf-8")
+        os.replace(tmp, self.path)
+
+    def wall_s(self) -> float | None:
+        """Summed wall time of the attempts that ended (None when none did)."""
+        times = [a["wall_s"] for a in self.attempts if isinstance(a.get("wall_s"), int | float)]
+        return float(sum(times)) if times else None
