@@ -150,7 +150,9 @@ SERVICES = {"quickstart": ["--with-env"], "basic": ["--with-env"]}
 
 
 @pytest.mark.parametrize("name", PRESETS)
-def test_launcher_dry_run_shows_the_plan(name: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_launcher_dry_run_shows_the_plan(name: str, tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("COLUMNS", "400")  # rich wraps the plan's grid at the terminal width (80 under pytest)
     flags = SERVICES.get(name, ["--with-env", "--with-memory", "--with-llm"])
     rc = launcher_main(["--conf", str(EXAMPLES / f"{name}.yaml"), *flags, "--dry-run", "--",
                         f"launcher.record_dir={tmp_path}"])

@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 from env_service_fixture import env_service, free_port
 from omegaconf import DictConfig, open_dict
+from training_fixture import training_command, training_env, training_timeout
 
 from agentevolver.config import load_config
 from agentevolver.models import resolve_model_path
@@ -214,3 +215,17 @@ def test_task_runner_pinned_to_the_driver_node(ray_cluster: Any) -> None:
     pinned = pin_to_driver_node(WhereAmI)
     assert ray_cluster.get(pinned.remote().node.remote()) == here
     assert ray_cluster.get(pinned.options(name="where-am-i").remote().node.remote()) == here
+
+
+@training_timeout
+def test_a_training_run_with_an_unreachable_service_refuses_to_start(dead_url: str, tmp_path: Path) -> None:
+    """Through the entry point: the TaskRunner's check stops the run before any worker starts, naming the
+    URL, its config key and the node (exit 2, no Ray traceback)."""
+    import subprocess
+
+    command = training_command(dead_url, tmp_path)
+    done = subprocess.run(command, cwd=tmp_path, env=training_env(), capture_output=True, text=True, check=False)
+    assert done.returncode == 2, (done.stdout + done.stderr)[-4000:]
+    assert dead_url in done.stderr and "env_service.env_url" in done.stderr and "node" in done.stderr
+    assert "Traceback" not in done.stderr
+    assert not (tmp_path / "run" / "global_step_1").exists()
