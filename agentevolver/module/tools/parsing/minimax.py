@@ -15,9 +15,7 @@ import re
 from collections.abc import Sequence
 
 from agentevolver.module.tools.parsing.base import ParsedAction, ToolCallParser, ToolSchema, register_parser
-from agentevolver.module.tools.parsing.blocks import join_content, split_blocks
-from agentevolver.module.tools.parsing.seed import xml_call
-from agentevolver.module.tools.parsing.values import schema_types
+from agentevolver.module.tools.parsing.seed import xml_blocks
 
 __all__ = ["MiniMaxParser"]
 
@@ -34,23 +32,4 @@ class MiniMaxParser(ToolCallParser):
 
     def extract(self, text: str, tools: Sequence[ToolSchema] | None = None) -> ParsedAction:
         """See the module docstring."""
-        types = schema_types(tools)
-        pieces, blocks = split_blocks(text, OPEN_TAG, CLOSE_TAG)
-        action = ParsedAction(content=join_content(pieces))
-        for block in blocks:
-            where = f"{OPEN_TAG} block {block.number}"
-            if not block.terminated:
-                action.errors.append(f"{where}: unterminated (no {CLOSE_TAG}); the call was not run")
-                continue
-            invokes = list(_INVOKE.finditer(block.body))
-            if not invokes:
-                action.errors.append(f'{where}: no <invoke name="NAME"> inside; {_HINT}')
-                continue
-            for invoke in invokes:
-                result = xml_call(invoke.group(1).strip(), _PARAMETER.finditer(invoke.group(2)), where, types,
-                                  _HINT)
-                if isinstance(result, str):
-                    action.errors.append(result)
-                else:
-                    action.tool_calls.append(result)
-        return action
+        return xml_blocks(text, OPEN_TAG, CLOSE_TAG, _INVOKE, _PARAMETER, '<invoke name="NAME">', _HINT, tools)

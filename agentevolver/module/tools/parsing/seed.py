@@ -36,26 +36,32 @@ class SeedParser(ToolCallParser):
 
     def extract(self, text: str, tools: Sequence[ToolSchema] | None = None) -> ParsedAction:
         """See the module docstring."""
-        types = schema_types(tools)
-        pieces, blocks = split_blocks(text, OPEN_TAG, CLOSE_TAG)
-        action = ParsedAction(content=join_content(pieces))
-        for block in blocks:
-            where = f"{OPEN_TAG} block {block.number}"
-            if not block.terminated:
-                action.errors.append(f"{where}: unterminated (no {CLOSE_TAG}); the call was not run")
-                continue
-            functions = list(_FUNCTION.finditer(block.body))
-            if not functions:
-                action.errors.append(f"{where}: no <function=NAME> inside; {_HINT}")
-                continue
-            for function in functions:
-                result = xml_call(function.group(1).strip(), _PARAMETER.finditer(function.group(2)), where,
-                                  types, _HINT)
-                if isinstance(result, str):
-                    action.errors.append(result)
-                else:
-                    action.tool_calls.append(result)
-        return action
+        return xml_blocks(text, OPEN_TAG, CLOSE_TAG, _FUNCTION, _PARAMETER, "<function=NAME>", _HINT, tools)
+
+
+def xml_blocks(text: str, open_tag: str, close_tag: str, function: re.Pattern[str], parameter: re.Pattern[str],
+               function_form: str, hint: str, tools: Sequence[ToolSchema] | None) -> ParsedAction:
+    """Every ``open_tag ... close_tag`` block of ``text``, each holding calls that ``function`` matches (name,
+    body) with ``parameter`` matches (key, raw value) in the body; shared by the XML-style dialects."""
+    types = schema_types(tools)
+    pieces, blocks = split_blocks(text, open_tag, close_tag)
+    action = ParsedAction(content=join_content(pieces))
+    for block in blocks:
+        where = f"{open_tag} block {block.number}"
+        if not block.terminated:
+            action.errors.append(f"{where}: unterminated (no {close_tag}); the call was not run")
+            continue
+        calls = list(function.finditer(block.body))
+        if not calls:
+            action.errors.append(f"{where}: no {function_form} inside; {hint}")
+            continue
+        for call in calls:
+            result = xml_call(call.group(1).strip(), parameter.finditer(call.group(2)), where, types, hint)
+            if isinstance(result, str):
+                action.errors.append(result)
+            else:
+                action.tool_calls.append(result)
+    return action
 
 
 def xml_call(name: str, parameters: Any, where: str, types: dict[str, dict[str, str]], hint: str) -> ToolCall | str:
