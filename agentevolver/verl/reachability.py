@@ -68,7 +68,9 @@ class Endpoint:
     """One service URL the run uses: what it is, the config key it comes from, and how it is probed.
 
     ``strict``: the probe must answer 200 (services with a known health route); otherwise any HTTP answer
-    below 500 proves the node reaches a server there (an API may want a key for ``/models``).
+    below 500 proves the node reaches a server there (an API may want a key for ``/models``). ``optional``: the
+    run degrades without it (memory, LLM roles), so it only fails the check when some nodes reach it and
+    others do not (a wrong address for part of the cluster); down on every node is a warning.
     """
 
     what: str
@@ -76,6 +78,7 @@ class Endpoint:
     url: str
     probe_url: str
     strict: bool
+    optional: bool = False
 
 
 @dataclass(frozen=True)
@@ -114,10 +117,20 @@ class ClusterReport:
     paths: list[PathCheck]
     nodes: list[NodeReport]
 
+    def down_everywhere(self) -> list[Endpoint]:
+        """Degradable services (memory, LLM roles) that no node reaches: the service is down, not a wrong URL
+        for some nodes, and the run goes on without it as documented (retrieval / summaries / judge failures
+        are counted); :func:`check_cluster` logs a warning for each."""
+        return [endpoint for endpoint in self.endpoints if endpoint.optional and self.nodes
+                and all(endpoint.probe_url in node.unreachable for node in self.nodes)]
+
     def problems(self) -> list[str]:
         lines: list[str] = []
+        skipped = {endpoint.probe_url for endpoint in self.down_everywhere()}
         for node in self.nodes:
             for endpoint in self.endpoints:
+                if endpoint.probe_url in skipped:
+                    continue
                 reason = node.unreachable.get(endpoint.probe_url)
                 if reason is not None:
                     lines.append(f"{endpoint.what} {endpoint.url} ({endpoint.key}) is not reachable from "
@@ -179,7 +192,8 @@ def endpoints_in_use(config: Any) -> list[Endpoint]:
                           _join(str(config.env_service.env_url), "/healthz"), strict=True)]
     if _memory_in_use(config):
         base = str(config.memory.base_url)
-        endpoints.append(Endpoint("memory service", "memory.base_url", base, _join(base, "/healthz"), strict=False))
+        endpoints.append(Endpoint("memory service", "memory.base_url", base, _join(base, "/healthz"), strict=False,
+                                  optional=True))
     by_endpoint: dict[str, list[str]] = {}
     for role in _roles_in_use(config):
         name = _select(config, f"llm.roles.{role}")
@@ -190,7 +204,7 @@ def endpoints_in_use(config: Any) -> list[Endpoint]:
         if base:
             endpoints.append(Endpoint(f"LLM endpoint {name!r} (roles {', '.join(roles)})",
                                       f"llm.endpoints.{name}.base_url", str(base), _join(str(base), "/models"),
-                                      strict=False))
+                                      strict=False, optional=True))
     seen: set[str] = set()
     return [e for e in endpoints if not (e.probe_url in seen or seen.add(e.probe_url))]
 
@@ -386,6 +400,9 @@ def check_cluster(config: Any, *, timeout_s: float = 5.0, attempts: int = 3, nod
             f"cluster check failed ({len(problems)} problem{'s' if len(problems) > 1 else ''} on {len(used)} "
             f"node{'s' if several else ''}); the run was not started:\n"
             + "\n".join(f"  {line}" for line in problems) + _loopback_hint(endpoints, several))
+    for endpoint in report.down_everywhere():
+        logger.warning("%s %s (%s) answers on no node; the run goes on without it (its failures are counted)",
+                       endpoint.what, endpoint.url, endpoint.key)
     if several:
         hint = _loopback_hint(endpoints, several)
         if hint:
