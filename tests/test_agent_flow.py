@@ -481,7 +481,12 @@ async def test_verl_agent_loop_runs_the_episode(service: str) -> None:
     assert out.reward_score == 1.0 and out.num_turns == 2
     assert len(out.response_ids) == len(out.response_mask) == len(out.response_logprobs)
     assert out.extra_fields["termination"] == "finished" and out.extra_fields["group_id"] == "u7"
-    assert len(out.extra_fields["step_ids"]) == len(out.response_ids)
+    # step ids: one int32 row padded to rollout.response_length with -1 (agent_loop.padded_step_ids)
+    step_ids = out.extra_fields["step_ids"]
+    assert step_ids.shape == (128,) and str(step_ids.dtype) == "int32"
+    assert step_ids[: len(out.response_ids)].tolist() == out.extra_fields["episode_record"]["step_ids"]
+    assert (step_ids[len(out.response_ids):] == -1).all()
+    assert out.extra_fields["other_samples"] == []  # linear: one sample per episode
     assert out.extra_fields["episode_record"]["response_ids"] == out.response_ids
     failed = await loop.run(dict(SAMPLING, logprobs=True), task={"task_id": "nope", "env_type": "echo"}, uid="u8")
     assert failed.response_ids == [] and failed.reward_score == 0.0 and len(failed.prompt_ids) == 1

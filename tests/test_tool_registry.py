@@ -954,7 +954,7 @@ def test_tools_config_defaults_and_helpers() -> None:
         ({"max_parallel_calls": 0}, "max_parallel_calls"),
         ({"tool_timeout_s": 0}, "tool_timeout_s"),
         ({"max_tool_response_chars": -1}, "max_tool_response_chars"),
-        ({"tool_parser": "llama3_json"}, "unknown tool parser 'llama3_json'; registered: composite, final_answer, hermes"),
+        ({"tool_parser": "llama3_json"}, "unknown tool parser 'llama3_json'; registered: composite, deepseek_v4,"),
         ({"tool_selection": ["calc"]}, "Extra inputs are not permitted"),
     ],
 )
