@@ -72,6 +72,7 @@ def test_two_grpo_steps_through_the_training_entry(service: str, tmp_path: Path)
     moved = max((after[name].float() - original[name].float()).abs().max().item() for name in original)
     assert moved > 1e-6
 
+    advantages = []
     for step in (1, 2):
         records = list(read_rollout_dump(run / "rollouts" / f"step_{step}.jsonl"))
         assert len(records) == 4 and {r["step"] for r in records} == {step}
@@ -79,7 +80,8 @@ def test_two_grpo_steps_through_the_training_entry(service: str, tmp_path: Path)
         for record in records:
             assert record["termination"] == "finished" and record["env_type"] == "lottery"
             assert len(record["advantages"]) == len(record["response_ids"]) == len(record["response_mask"])
-        assert any(a != 0.0 for r in records for a in r["advantages"])
+            advantages += record["advantages"]
+    assert any(a != 0.0 for a in advantages)  # a step whose groups tie has none (see the grad-norm check)
 
 
 def test_bad_config_is_reported_before_anything_starts(tmp_path: Path) -> None:
