@@ -35,6 +35,9 @@ __all__ = ["main"]
 USAGE_ERROR = 2
 
 
+PIPED_PLAN_WIDTH = 10_000  # columns for a --dry-run plan written to a pipe: wider than any command line
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="launcher.py",
@@ -129,7 +132,9 @@ def main(argv: list[str] | None = None, *, console: Console | None = None) -> in
     except KeyboardInterrupt:  # Ctrl-C while the config is composed: nothing was started yet
         return 128 + signal.SIGINT
     if args.dry_run:
-        print_plan(plan, Console(highlight=False, soft_wrap=True), settings.launcher.probe_timeout_s)
+        # Piped (a file, a test, CI): no terminal width to fold to, so every command stays on one copyable line.
+        width = None if sys.stdout.isatty() else PIPED_PLAN_WIDTH
+        print_plan(plan, Console(highlight=False, soft_wrap=True, width=width), settings.launcher.probe_timeout_s)
         return 0
     if args.verbose:  # the training process inherits it: agentevolver.console shows every line
         os.environ[VERBOSE_ENV] = "1"
