@@ -98,6 +98,20 @@ def test_only_the_services_the_mechanisms_use(base_config: DictConfig) -> None:
     assert "context_clipper" in clip[-1].what
 
 
+@pytest.mark.parametrize(("env_type", "grader", "needs_grader"), [
+    ("calc", "auto", False),  # calc's observations prove answers: auto is the reference grader, no LLM
+    ("calc", "llm", True),
+    ("codebox", "auto", True),  # codebox declares no proof: auto is the LLM grader
+])
+def test_the_synthetic_grader_endpoint_is_checked_only_when_an_llm_grades(
+        base_config: DictConfig, env_type: str, grader: str, needs_grader: bool) -> None:
+    cfg = _set(base_config, {"env_service.env_type": env_type, "task_manager.n": 1,
+                             "task_manager.grader.synthetic_grader": grader,
+                             "task_manager.grader.original_grader": "env"})
+    llm = [e for e in endpoints_in_use(cfg) if e.key.startswith("llm.endpoints.")]
+    assert llm and ("task_grader" in llm[0].what) == needs_grader
+
+
 def test_probe_rules(live_env: str, dead_url: str) -> None:
     assert probe(f"{live_env}/healthz", strict=True, attempts=1) is None
     assert probe(f"{dead_url}/healthz", strict=True, attempts=2, backoff_s=0.1).startswith("cannot connect")

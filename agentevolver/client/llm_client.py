@@ -12,7 +12,10 @@ Semantics in short (see docs/llm.md):
 * not retried: any other 4xx (400, 401, 403, 404, 422, ...): :class:`LLMError` at once, saying what to fix;
 * every failure reaching a caller is an :class:`LLMError` (the SDK exception is chained as its cause);
 * at most ``max_concurrency`` requests in flight per client on the sync side (across threads) and per
-  event loop on the async side; a request waiting out a backoff does not hold a slot.
+  event loop on the async side; a request waiting out a backoff does not hold a slot;
+* a role that passes ``schema=`` gets it sent as ``response_format`` when the endpoint takes it
+  (``structured_output``, :mod:`.structured_output`); a server that refuses it is asked again without it,
+  once per endpoint, and the result says which format the reply was generated under.
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ import logging
 import os
 import threading
 from collections.abc import AsyncGenerator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import openai
@@ -35,6 +38,7 @@ from agentevolver.client.closing import ClosingContext
 from agentevolver.client.http import loop_local
 from agentevolver.client.llm_config import LLMConfig, LLMEndpointConfig
 from agentevolver.client.retry import FullJitterBackoff, RetryableFailure, is_retryable_status, retry_after_s
+from agentevolver.client.structured_output import FormatState, ReplySchema, is_format_refusal
 from agentevolver.errors import LLMError
 
 __all__ = ["PLACEHOLDER_API_KEY", "ChatResult", "LLMClient", "LLMClients", "Usage", "client_for_role"]
@@ -70,7 +74,9 @@ class ChatResult:
     """The first choice of a chat completion, plus what it cost.
 
     ``attempts`` is how many HTTP attempts the call took (1 = no retry): roles log it, and tests assert it.
-    ``text`` is ``""`` when the server sent no content (e.g. only tool calls).
+    ``text`` is ``""`` when the server sent no content (e.g. only tool calls). ``structured`` is the
+    ``response_format`` type the reply was generated under (``json_schema`` / ``json_object``), None for
+    free text; ``format_fallback`` is True when the server refused the format and this reply is free text.
     """
 
     text: str
@@ -78,6 +84,12 @@ class ChatResult:
     usage: Usage
     model: str
     attempts: int
+    structured: str | None = None
+    format_fallback: bool = False
+
+
+class _FormatRefused(Exception):
+    """The server refused the request's ``response_format`` (HTTP 400/422 naming it); not retried as is."""
 
 
 @dataclass(slots=True)
@@ -132,6 +144,7 @@ class LLMClient(ClosingContext):
             )
         self._api_key = key or PLACEHOLDER_API_KEY
         self._lock = threading.Lock()
+        self._formats = FormatState(endpoint.structured_output)
         self._sync: OpenAI | None = None
         self._sync_slots = threading.BoundedSemaphore(endpoint.max_concurrency)
         self._loop_states: dict[asyncio.AbstractEventLoop, _LoopState] = {}
@@ -163,6 +176,17 @@ class LLMClient(ClosingContext):
     def model(self) -> str:
         return self._endpoint.model
 
+    @property
+    def structured_kind(self) -> str | None:
+        """The ``response_format`` a request with a schema gets now (None = free text): roles word their
+        prompt for it (e.g. the judge asks for JSON instead of lines)."""
+        return self._formats.kind()
+
+    @property
+    def format_counts(self) -> dict[str, int]:
+        """Requests sent with a ``response_format`` and refusals that fell back to free text, so far."""
+        return dict(self._formats.counts)
+
     # ------------------------------------------------------------------ public API
     def chat(
         self,
@@ -171,22 +195,40 @@ class LLMClient(ClosingContext):
         temperature: float | None = None,
         max_tokens: int | None = None,
         stop: str | Sequence[str] | None = None,
+        schema: ReplySchema | None = None,
         **extra: Any,
     ) -> ChatResult:
         """Send one chat completion request and return its first choice; blocks the calling thread.
 
         ``temperature`` / ``max_tokens`` default to the endpoint's config. ``extra`` keys are sent verbatim in
         the JSON body (``top_p``, ``seed``, ``response_format``, vLLM's ``chat_template_kwargs``, ...).
-        Raises :class:`LLMError` on a non-retryable failure or when retries run out.
+        ``schema`` is the reply's shape, sent as ``response_format`` when the endpoint takes it (see the
+        module docstring); the caller still validates the reply. Raises :class:`LLMError` on a
+        non-retryable failure or when retries run out.
         """
-        request = self._request(messages, temperature, max_tokens, stop, extra)
+        kind = self._format_kind(schema, extra)
+        if kind is not None:
+            assert schema is not None
+            request = self._request(messages, temperature, max_tokens, stop,
+                                    {**extra, "response_format": schema.response_format(kind)})
+            try:
+                result = self._chat_sync(request, format_added=True)
+            except _FormatRefused as refused:
+                self._on_refusal(kind, str(refused))
+            else:
+                self._formats.sent()
+                return replace(result, structured=kind)
+        result = self._chat_sync(self._request(messages, temperature, max_tokens, stop, extra))
+        return replace(result, format_fallback=True) if kind is not None else result
+
+    def _chat_sync(self, request: dict[str, Any], format_added: bool = False) -> ChatResult:
         attempts = 0
         try:
             for attempt in self._retrying(Retrying):
                 with attempt:
                     attempts = attempt.retry_state.attempt_number
                     with self._sync_slots:
-                        response = self._send_sync(request)
+                        response = self._send_sync(request, format_added)
                     return self._to_result(response, attempts)
         except RetryableFailure as failure:
             raise self._exhausted(failure, attempts) from (failure.__cause__ or failure)
@@ -199,10 +241,26 @@ class LLMClient(ClosingContext):
         temperature: float | None = None,
         max_tokens: int | None = None,
         stop: str | Sequence[str] | None = None,
+        schema: ReplySchema | None = None,
         **extra: Any,
     ) -> ChatResult:
         """Async :meth:`chat`: same arguments, result and errors; limited per event loop."""
-        request = self._request(messages, temperature, max_tokens, stop, extra)
+        kind = self._format_kind(schema, extra)
+        if kind is not None:
+            assert schema is not None
+            request = self._request(messages, temperature, max_tokens, stop,
+                                    {**extra, "response_format": schema.response_format(kind)})
+            try:
+                result = await self._chat_async(request, format_added=True)
+            except _FormatRefused as refused:
+                self._on_refusal(kind, str(refused))
+            else:
+                self._formats.sent()
+                return replace(result, structured=kind)
+        result = await self._chat_async(self._request(messages, temperature, max_tokens, stop, extra))
+        return replace(result, format_fallback=True) if kind is not None else result
+
+    async def _chat_async(self, request: dict[str, Any], format_added: bool = False) -> ChatResult:
         state = await self._loop_state()
         attempts = 0
         try:
@@ -210,7 +268,7 @@ class LLMClient(ClosingContext):
                 with attempt:
                     attempts = attempt.retry_state.attempt_number
                     async with state.slots:
-                        response = await self._send_async(state.client, request)
+                        response = await self._send_async(state.client, request, format_added)
                     return self._to_result(response, attempts)
         except RetryableFailure as failure:
             raise self._exhausted(failure, attempts) from (failure.__cause__ or failure)
@@ -242,6 +300,22 @@ class LLMClient(ClosingContext):
         self.close()
 
     # ------------------------------------------------------------------ internals
+    def _format_kind(self, schema: ReplySchema | None, extra: Mapping[str, Any]) -> str | None:
+        """The format to send with this request: none without a schema or when the caller set its own."""
+        if schema is None or "response_format" in extra:
+            return None
+        return self._formats.kind()
+
+    def _on_refusal(self, kind: str, message: str) -> None:
+        """Remember a refused format (``auto``: fall back, logged once) or fail (an explicit mode)."""
+        key = f"{self._config_key}.structured_output"
+        if self._endpoint.structured_output != "auto":
+            raise LLMError(f"{self._where} refused response_format {kind!r} ({_short(message)}); this server "
+                           f"does not take it: set {key} to auto or off")
+        if self._formats.refused(message):
+            logger.warning("%s does not take response_format %s (%s); its roles fall back to free text, parsed "
+                           "and re-asked (set %s: off to skip the attempt)", self._where, kind, _short(message), key)
+
     def _sdk_kwargs(self) -> dict[str, Any]:
         return {
             "api_key": self._api_key,
@@ -319,17 +393,17 @@ class LLMClient(ClosingContext):
             delay,
         )
 
-    def _send_sync(self, request: dict[str, Any]) -> Any:
+    def _send_sync(self, request: dict[str, Any], format_added: bool) -> Any:
         try:
             return self._sync_client().chat.completions.create(**request)
         except Exception as exc:
-            raise self._classify(exc) from exc
+            raise self._classify(exc, format_added) from exc
 
-    async def _send_async(self, client: AsyncOpenAI, request: dict[str, Any]) -> Any:
+    async def _send_async(self, client: AsyncOpenAI, request: dict[str, Any], format_added: bool) -> Any:
         try:
             return await client.chat.completions.create(**request)
         except Exception as exc:
-            raise self._classify(exc) from exc
+            raise self._classify(exc, format_added) from exc
 
     def _to_result(self, response: Any, attempts: int) -> ChatResult:
         """Turn an SDK response into a :class:`ChatResult`; a reply without a usable choice is retryable."""
@@ -354,9 +428,13 @@ class LLMClient(ClosingContext):
             attempts=attempts,
         )
 
-    def _classify(self, exc: Exception) -> Exception:
-        """Map an exception from the SDK call to :class:`RetryableFailure` or a final :class:`LLMError`."""
+    def _classify(self, exc: Exception, format_added: bool = False) -> Exception:
+        """Map an exception from the SDK call to :class:`RetryableFailure`, :class:`_FormatRefused` (the server
+        does not take the ``response_format`` this client added) or a final :class:`LLMError`."""
         ep = self._endpoint
+        if (format_added and isinstance(exc, openai.APIStatusError)
+                and is_format_refusal(exc.status_code, exc.body, exc.message)):
+            return _FormatRefused(f"HTTP {exc.status_code}: {_short(exc.message)}")
         if isinstance(exc, openai.APITimeoutError):
             return RetryableFailure(f"no reply within timeout_s={ep.timeout_s} s")
         if isinstance(exc, openai.APIConnectionError):

@@ -9,6 +9,7 @@ live here on purpose: which server and model to talk to is a deployment decision
 from __future__ import annotations
 
 import re
+from typing import Literal
 from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
@@ -59,6 +60,14 @@ class LLMEndpointConfig(BaseModel):
     temperature: float = Field(default=0.0, ge=0, description="Default sampling temperature (>= 0).")
     max_tokens: int = Field(
         default=1024, ge=1, description="Default cap on generated tokens per request (>= 1)."
+    )
+    structured_output: Literal["auto", "json_schema", "json_object", "off"] = Field(
+        default="auto",
+        description=(
+            "How roles ask this endpoint for JSON replies (agentevolver.client.structured_output): auto = send "
+            "response_format json_schema and fall back to free text for good after the server refuses it; "
+            "json_schema / json_object = always send that format; off = never (free text, parsed and re-asked)."
+        ),
     )
 
     @field_validator("base_url")

@@ -192,18 +192,11 @@ def compose_runs(plan: AblationPlan) -> None:
 
 
 def _synthetic_grader(settings: AgentEvolverSettings) -> str:
-    """``task_manager.grader.synthetic_grader``, with ``auto`` resolved as the task manager does (``reference``
-    when the environment's profile says its observations prove answers, else ``llm``)."""
-    name = settings.task_manager.grader.synthetic_grader
-    if name != "auto":
-        return name
-    try:
-        from agentevolver.module.task_manager.profile import load_profile
+    """``task_manager.grader.synthetic_grader`` with ``auto`` resolved as the task manager resolves it."""
+    from agentevolver.module.task_manager.profile import resolve_synthetic_grader
 
-        profile = load_profile(settings.env_service.env_type, settings.task_manager.env_profile)
-    except (ImportError, ConfigError):
-        return name
-    return "reference" if getattr(profile, "answers", None) is not None else "llm"
+    return resolve_synthetic_grader(settings.task_manager.grader.synthetic_grader, settings.env_service.env_type,
+                                    settings.task_manager.env_profile)
 
 
 def _plain(value: Any) -> Any:

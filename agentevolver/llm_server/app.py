@@ -1,7 +1,8 @@
 """The FastAPI app: OpenAI-compatible routes over one :class:`~agentevolver.llm_server.engine.Engine`.
 
 Routes: ``GET /healthz`` (``OK`` once the model is loaded; the app is only served after loading), ``GET
-/v1/models``, ``POST /v1/chat/completions``, ``POST /v1/completions`` and ``GET /stats`` (the generator's
+/v1/models``, ``POST /v1/chat/completions`` (with ``response_format`` ``json_object`` / ``json_schema``
+enforced by a grammar: :mod:`.structured`), ``POST /v1/completions`` and ``GET /stats`` (the generator's
 batch counters, so a caller can see that concurrent requests were decoded together). Every error is
 OpenAI's ``{"error": {message, type, param, code}}`` with ``param`` naming the request field to change.
 
@@ -130,8 +131,10 @@ def create_app(
 
     @app.get("/stats", dependencies=guarded)
     async def stats() -> dict[str, Any]:
-        """Generator counters (``batches``, ``rows``, ``max_rows``, tokens, ...) and request counters."""
-        return {"model": engine.served_name, "generator": engine.stats, "server": dict(counters)}
+        """Generator counters (``batches``, ``rows``, ``max_rows``, tokens, ...), request counters and the
+        structured-output counters (grammars compiled, cache hits, constrained choices, refused formats)."""
+        return {"model": engine.served_name, "generator": engine.stats, "server": dict(counters),
+                "structured": dict(engine.structured.stats)}
 
     @app.get("/v1/models", dependencies=guarded)
     async def models() -> dict[str, Any]:
@@ -148,8 +151,9 @@ def create_app(
         prompt = engine.render_chat(messages, tools, body.chat_template_kwargs)
         budget = engine.check_prompt(prompt, max_tokens=body.completion_limit, prompt_field="messages",
                                      limit_field=body.limit_field)
+        grammar = await engine.grammar_for(body.response_format)
         choices = await _run(request, counters, engine.complete(prompt, _sampling(body, body.logprobs),
-                                                                   max_tokens=budget))
+                                                                   max_tokens=budget, grammar=grammar))
         usage = _usage(len(prompt), choices)
         response = _chat_response(engine.served_name, choices, usage, parser if body.parse_tools else None, tools)
         if body.stream:

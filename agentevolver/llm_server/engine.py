@@ -3,7 +3,8 @@
 :class:`~agentevolver.backends.cpu.HFGenerator` works on token ids; this module adds what an
 OpenAI-compatible server needs on top of it and nothing else: rendering chat messages with the model's chat
 template, the context-length check (answered as a 400 naming the field to change), stop *strings*, n
-choices per request, decoded text, per-token log-probs and tool-call parsing.
+choices per request, decoded text, per-token log-probs, tool-call parsing and grammars for
+``response_format`` (:mod:`.structured`: one constraint per choice, decoded in the same batch as the rest).
 
 Stop strings: the generator stops on token ids only and does not report tokens as it goes, so a stop
 string is enforced in two layers. Every vocabulary token whose text contains the string becomes a stop
@@ -21,7 +22,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from agentevolver.llm_server.protocol import ServerError
+from agentevolver.llm_server.protocol import ResponseFormat, ServerError
+from agentevolver.llm_server.structured import StructuredOutputs
 
 __all__ = ["Choice", "Engine", "TokenLogprob"]
 
@@ -114,6 +116,10 @@ class Engine:
             {int(i) for i, token in added.items() if getattr(token, "special", False)}
             | {int(i) for i in getattr(tokenizer, "all_special_ids", [])}
         )
+        self.structured = StructuredOutputs(
+            tokenizer, vocab_size=generator.vocab_size, stop_token_ids=sorted(self.eos_token_ids),
+            token_texts=self._token_texts, special_ids=self._special_ids,
+        )
 
     @classmethod
     def load(
@@ -153,6 +159,10 @@ class Engine:
     @property
     def stats(self) -> dict[str, float]:
         return dict(self.generator.stats)
+
+    async def grammar_for(self, response_format: ResponseFormat | None) -> Any | None:
+        """The grammar ``response_format`` asks for (None for text); a 400 naming the field when refused."""
+        return await self.structured.grammar_for(response_format)
 
     # -- prompts -------------------------------------------------------------------------------------------
 
@@ -217,11 +227,13 @@ class Engine:
 
     # -- generation ----------------------------------------------------------------------------------------
 
-    async def complete(self, prompt_ids: list[int], sampling: SamplingRequest, *, max_tokens: int) -> list[Choice]:
+    async def complete(self, prompt_ids: list[int], sampling: SamplingRequest, *, max_tokens: int,
+                       grammar: Any | None = None) -> list[Choice]:
         """Generate ``sampling.n`` choices for one prompt; they are batched with every other pending request.
 
         Choice ``i`` of a request with ``seed`` s samples with seed ``s + i``: the same seed for every choice
-        would give n identical samples (the generator gives each seeded request its own stream).
+        would give n identical samples (the generator gives each seeded request its own stream). With a
+        ``grammar`` (:meth:`grammar_for`) every choice follows it, each with its own grammar state.
         """
         if len(sampling.stop) > MAX_STOP_STRINGS:
             raise ServerError(400, f"stop has {len(sampling.stop)} strings; at most {MAX_STOP_STRINGS} are "
@@ -243,8 +255,10 @@ class Engine:
         calls = []
         for index in range(sampling.n):
             seed = None if sampling.seed is None else sampling.seed + index
+            constraint = self.structured.constraint(grammar) if grammar is not None else None
             calls.append(self.generator.generate(
-                f"llm-server-{base}-{index}", prompt_ids=prompt_ids, sampling_params={**params, "seed": seed}
+                f"llm-server-{base}-{index}", prompt_ids=prompt_ids, sampling_params={**params, "seed": seed},
+                constraint=constraint,
             ))
         try:
             outputs = await asyncio.gather(*calls)

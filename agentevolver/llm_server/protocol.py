@@ -9,7 +9,9 @@ Policy for fields, chosen so that a request never means something other than wha
 * unknown top-level fields are rejected (400 naming the field, with a close match if there is one), as
   the OpenAI API does, so a typo such as ``max_token`` is reported rather than ignored;
 * OpenAI fields whose effect this server cannot produce (``top_logprobs > 0``, penalties, ``logit_bias``,
-  JSON ``response_format``, forced ``tool_choice``) are accepted only at their neutral value, else 400;
+  forced ``tool_choice``) are accepted only at their neutral value, else 400;
+* ``response_format`` ``json_object`` / ``json_schema`` is enforced by grammar-constrained decoding
+  (:mod:`.structured`); a schema it cannot enforce is a 400 naming the field inside it;
 * fields with no effect on the output (``user``, ``metadata``, ``store``, ``service_tier``,
   ``parallel_tool_calls``, ``stream_options`` of a non-streamed request) are accepted and ignored;
 * vLLM's extra sampling fields that the CPU generator implements (``top_k``, ``repetition_penalty``,
@@ -173,10 +175,35 @@ class StreamOptions(BaseModel):
     include_usage: bool = False
 
 
-class ResponseFormat(BaseModel):
-    model_config = ConfigDict(extra="allow")
+class JsonSchemaFormat(BaseModel):
+    """``response_format.json_schema``: OpenAI's named schema (``strict`` is accepted; every schema is enforced)."""
 
-    type: str
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+    name: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_-]+$",
+                      description="Letters, digits, '_' and '-', at most 64 (OpenAI's rule).")
+    description: str | None = None
+    schema_: dict[str, Any] = Field(alias="schema", description="The JSON Schema every reply must validate against.")
+    strict: bool | None = None
+
+
+class ResponseFormat(BaseModel):
+    """``response_format``: ``text`` (default), ``json_object`` (any JSON object) or ``json_schema``."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
+
+    @model_validator(mode="after")
+    def _schema_with_its_type(self) -> ResponseFormat:
+        if self.type == "json_schema" and self.json_schema is None:
+            raise _FieldError("response_format.json_schema", "response_format type 'json_schema' needs "
+                              "response_format.json_schema: {'name': ..., 'schema': {...}}")
+        if self.type != "json_schema" and self.json_schema is not None:
+            raise _FieldError("response_format.json_schema",
+                              f"response_format.json_schema is only read with type 'json_schema' (got {self.type!r})")
+        return self
 
 
 # -- requests ------------------------------------------------------------------------------------------------
@@ -269,15 +296,12 @@ class ChatCompletionRequest(_SamplingFields):
         if isinstance(self.tool_choice, NamedToolChoice) or self.tool_choice == "required":
             raise _FieldError(
                 "tool_choice",
-                "tool_choice 'required' or a named function is not supported (no constrained decoding); "
-                "use 'auto' or 'none'",
+                "tool_choice 'required' or a named function is not supported; use 'auto' or 'none' (or "
+                "response_format json_schema for a reply of a given shape)",
             )
-        if self.response_format is not None and self.response_format.type != "text":
-            raise _FieldError(
-                "response_format",
-                f"response_format type {self.response_format.type!r} is not supported (no constrained "
-                "decoding); ask for JSON in the prompt and parse the reply",
-            )
+        if self.response_format is not None and self.response_format.type != "text" and self.ignore_eos:
+            raise _FieldError("ignore_eos", "ignore_eos cannot be combined with a JSON response_format: the reply "
+                                            "ends when its JSON is complete; leave ignore_eos out")
         return self
 
     @property

@@ -2,9 +2,10 @@
 
 Five jobs, one system prompt each (the summariser's: success, failure and comparison extraction and
 validation; the reranker's: rerank and rewrite). Every reply the code reads is JSON, because JSON is what
-small models get right most often and what can be checked; :func:`find_json` tolerates the usual wrapping
-(code fences, a sentence before, a ``<think>`` block) since a memory service should not lose an experience
-over formatting.
+small models get right most often and what can be checked; the summariser sends the reply's schema
+(:func:`extraction_schema`, :data:`VALIDATION_SCHEMA`) as ``response_format`` where the endpoint takes it,
+and :func:`find_json` tolerates the usual wrapping of free-text replies (code fences, a sentence before, a
+``<think>`` block) since a memory service should not lose an experience over formatting.
 """
 
 from __future__ import annotations
@@ -15,6 +16,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from pydantic import BaseModel, Field
+
+from agentevolver.client.structured_output import ReplySchema, reply_schema
 from agentevolver.schema.message import ChatMessage
 
 __all__ = [
@@ -23,9 +27,11 @@ __all__ = [
     "RERANK_SYSTEM",
     "REWRITE_SYSTEM",
     "SUCCESS_SYSTEM",
+    "VALIDATION_SCHEMA",
     "VALIDATION_SYSTEM",
     "Candidate",
     "cut",
+    "extraction_schema",
     "find_json",
     "format_memories",
     "parse_experiences",
@@ -36,11 +42,11 @@ __all__ = [
 ]
 
 _FORMAT = (
-    "Answer with a JSON array only, with at most {n} items, each "
+    'Answer with a JSON object only, {{"experiences": [...]}}, with at most {n} items, each '
     '{{"when_to_use": "<the kind of task or situation this applies to, phrased so that it matches the '
     'description of a new task>", "experience": "<one concrete, actionable piece of advice>"}}. '
     "Write general advice that carries over to similar tasks, without this task's ids or literal values. "
-    "Answer [] if nothing is worth keeping."
+    'Answer {{"experiences": []}} if nothing is worth keeping.'
 )
 
 SUCCESS_SYSTEM = (
@@ -69,6 +75,28 @@ REWRITE_SYSTEM = (
     "You turn stored experiences into short advice for a new task: keep what applies to this task, merge "
     "overlapping points, and answer with the advice only, in plain sentences."
 )
+
+class _Experience(BaseModel):
+    when_to_use: str = Field(json_schema_extra={"minLength": 1, "maxLength": 200})
+    experience: str = Field(json_schema_extra={"minLength": 1, "maxLength": 400})
+
+
+class _Experiences(BaseModel):
+    experiences: list[_Experience]
+
+
+class _Validation(BaseModel):
+    score: float = Field(ge=0.0, le=1.0)
+    reason: str = Field(json_schema_extra={"maxLength": 200})
+
+
+def extraction_schema(limit: int) -> ReplySchema:
+    """The extraction reply's shape: ``{"experiences": [...]}`` with at most ``limit`` items."""
+    return reply_schema(_Experiences, "experiences", experiences={"maxItems": limit})
+
+
+#: The validation reply's shape: ``{"score": 0..1, "reason": ...}``.
+VALIDATION_SCHEMA = reply_schema(_Validation, "validation")
 
 _THINK = re.compile(r"<think>.*?</think>", re.DOTALL | re.IGNORECASE)
 _FENCE = re.compile(r"```(?:json)?\s*(.*?)```", re.DOTALL | re.IGNORECASE)

@@ -4,7 +4,8 @@ Steps, per request:
 
 1. group the episodes by ``task_id`` and split each group at ``success_threshold`` into successes and
    failures;
-2. ask the summariser LLM, concurrently, for experiences from the best successes (what made them work),
+2. ask the summariser LLM (sending the reply's schema as ``response_format`` where the endpoint takes
+   it), concurrently, for experiences from the best successes (what made them work),
    the worst failures (what to avoid) and, per task, a comparison of its best and worst episode (what made
    the difference; also between two successes or two failures whose scores differ by
    ``soft_comparison_gap``);
@@ -28,6 +29,7 @@ from typing import Any, TypeVar
 import numpy as np
 
 from agentevolver.client.llm_client import LLMClient
+from agentevolver.client.structured_output import ReplySchema
 from agentevolver.errors import LLMError
 from agentevolver.memory_service import prompts
 from agentevolver.memory_service.embedding import Embedder
@@ -179,17 +181,20 @@ class Summarizer:
         return jobs
 
     # ------------------------------------------------------------------ LLM steps
-    async def _ask(self, system: str, user: str, run: _Run) -> str:
+    async def _ask(self, system: str, user: str, run: _Run, schema: ReplySchema) -> str:
+        """One LLM call; ``schema`` is sent as ``response_format`` where the endpoint takes it."""
         assert self.llm is not None
         run.stats.llm_calls += 1
         try:
-            result = await self.llm.achat([{"role": "system", "content": system}, {"role": "user", "content": user}])
+            result = await self.llm.achat([{"role": "system", "content": system}, {"role": "user", "content": user}],
+                                          schema=schema)
         except LLMError as err:
             raise LLMFailed(f"the summariser LLM failed, nothing was stored: {err}") from err
         return result.text
 
     async def _extract(self, job: _Job, run: _Run) -> list[_Proposal]:
-        reply = await self._ask(job.system, job.user, run)
+        reply = await self._ask(job.system, job.user, run,
+                                prompts.extraction_schema(self.settings.max_experiences_per_reply))
         found = prompts.parse_experiences(reply, self.settings.max_experiences_per_reply)
         if found is None:
             run.stats.unparsable_replies += 1
@@ -220,7 +225,7 @@ class Summarizer:
                 f"Task it was learnt from: {task}\nLearnt from: a {proposal.job.source} "
                 f"(scores {', '.join(f'{x:g}' for x in proposal.job.scores)})\n\n"
                 f"When to use: {c.when_to_use}\nAdvice: {c.content}",
-                run,
+                run, prompts.VALIDATION_SCHEMA,
             )
             verdict = prompts.parse_validation(reply)
             if verdict is None:

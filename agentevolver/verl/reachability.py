@@ -165,10 +165,13 @@ def _roles_in_use(config: Any) -> list[str]:
         roles += ["task_explorer", "task_summarizer"]
         if "llm_feasibility" in (_select(config, "task_manager.post_filters", []) or []):
             roles.append("task_filter")
-    graders = {_select(config, "task_manager.grader.original_grader"),
-               _select(config, "task_manager.grader.synthetic_grader") if (
-                   n > 0 or float(_select(config, "task_manager.mixture.synthetic_data_ratio", 0) or 0) > 0)
-               else None}
+    graders = {_select(config, "task_manager.grader.original_grader")}
+    if n > 0 or float(_select(config, "task_manager.mixture.synthetic_data_ratio", 0) or 0) > 0:
+        from agentevolver.module.task_manager.profile import resolve_synthetic_grader
+
+        graders.add(resolve_synthetic_grader(str(_select(config, "task_manager.grader.synthetic_grader")),
+                                             str(_select(config, "env_service.env_type")),
+                                             _select(config, "task_manager.env_profile")))
     if "llm" in graders:
         roles.append("task_grader")
     if _select(config, "agent_flow.context_template") == "self_clip":

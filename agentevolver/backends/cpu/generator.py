@@ -29,7 +29,12 @@ import torch
 from verl.workers.rollout.replica import TokenOutput
 
 from agentevolver.backends.cpu.prefix_cache import PrefixCache
-from agentevolver.backends.cpu.sampling import RowSampler, SamplingSettings, parse_sampling_params
+from agentevolver.backends.cpu.sampling import (
+    RowSampler,
+    SamplingSettings,
+    TokenConstraint,
+    parse_sampling_params,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -53,6 +58,7 @@ class _Request:
     settings: SamplingSettings
     future: asyncio.Future[TokenOutput]
     arrived: float
+    constraint: TokenConstraint | None = None
 
 
 @dataclass(slots=True)
@@ -164,12 +170,16 @@ class HFGenerator:
         return generator
 
     async def generate(
-        self, request_id: str, *, prompt_ids: list[int], sampling_params: dict[str, Any], **kwargs: Any
+        self, request_id: str, *, prompt_ids: list[int], sampling_params: dict[str, Any],
+        constraint: TokenConstraint | None = None, **kwargs: Any,
     ) -> TokenOutput:
         """Generate a response to ``prompt_ids``; same call as verl's ``LLMServerClient.generate``.
 
         Returns the response tokens cut right after the first stop token (EOS or ``stop_token_ids``,
         included, as vLLM does) or at ``max_tokens``; ``log_probs`` only when ``sampling_params["logprobs"]``.
+        ``constraint`` (a :class:`~agentevolver.backends.cpu.sampling.TokenConstraint`, e.g. a JSON schema's
+        grammar from the local LLM server) restricts every token of this response; the row still shares
+        the batch with unconstrained ones.
 
         Raises:
             ValueError: a bad sampling parameter, an empty/out-of-vocabulary prompt, or a prompt that leaves
@@ -190,7 +200,7 @@ class HFGenerator:
         loop = asyncio.get_running_loop()
         wakeup = self._ensure_serving(loop)
         future: asyncio.Future[TokenOutput] = loop.create_future()
-        self._pending.append(_Request(str(request_id), prompt, settings, future, loop.time()))
+        self._pending.append(_Request(str(request_id), prompt, settings, future, loop.time(), constraint))
         self.stats["requests"] += 1
         wakeup.set()
         return await future
@@ -403,7 +413,7 @@ class HFGenerator:
         self.stats["prefix_cached_tokens"] += prefix_len * len(batch)
         sampler = RowSampler(
             settings, [r.prompt_ids for r in batch], vocab_size=self.vocab_size, shared_rng=self._rng,
-            device=self.device,
+            device=self.device, constraints=[r.constraint for r in batch],
         )
         logits = self.model(
             input_ids=input_ids, attention_mask=mask, position_ids=positions, past_key_values=cache,

@@ -16,7 +16,7 @@ import math
 import numbers
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 
@@ -153,6 +153,20 @@ def _stop_token_ids(params: Mapping[str, Any], vocab_size: int) -> tuple[int, ..
     return tuple(int(token) for token in value)
 
 
+class TokenConstraint(Protocol):
+    """Restricts which tokens one row may choose next, e.g. to a JSON schema's grammar.
+
+    Implemented by the local LLM server (:mod:`agentevolver.llm_server.structured`); the generator only
+    calls it. One object serves one row of one request and is used from the decode thread only.
+    """
+
+    def mask(self, scores: torch.Tensor) -> None:
+        """Set the scores of the tokens this row may not choose next to ``-inf``, in place (1-D, vocabulary)."""
+
+    def accept(self, token: int) -> None:
+        """Advance past ``token``, the row's chosen next token."""
+
+
 class RowSampler:
     """Chooses the next token of every row of a batch, each row under its own :class:`SamplingSettings`.
 
@@ -161,6 +175,10 @@ class RowSampler:
     multinomial for sampled rows. The returned log-prob is ``log_softmax(raw_logits / T)`` at the chosen
     token (``T = 1`` for greedy rows): exactly what verl's actor recomputes, which never sees the
     penalty, top-k or top-p. Rows are removed with :meth:`select` as they finish.
+
+    A row with a :class:`TokenConstraint` has its scores masked first (on a copy: the log-prob stays the
+    model's own, as vLLM reports it by default) and tells the constraint which token it chose. Without any
+    constraint in the batch this costs nothing: no copy, no loop.
     """
 
     def __init__(
@@ -171,8 +189,10 @@ class RowSampler:
         vocab_size: int,
         shared_rng: torch.Generator,
         device: torch.device,
+        constraints: Sequence[TokenConstraint | None] | None = None,
     ) -> None:
         self._device = device
+        self._constraints = list(constraints) if constraints and any(c is not None for c in constraints) else None
         self._temperature = torch.tensor(
             [s.temperature if not s.greedy else 1.0 for s in settings], device=device
         )
@@ -203,7 +223,10 @@ class RowSampler:
         self._top_k = self._top_k[rows]
         self._top_p = self._top_p[rows]
         self._penalty = self._penalty[rows]
-        self._rngs = [self._rngs[i] for i in rows.tolist()]
+        kept = rows.tolist()
+        self._rngs = [self._rngs[i] for i in kept]
+        if self._constraints is not None:
+            self._constraints = [self._constraints[i] for i in kept]
         if self._seen is not None:
             self._seen = self._seen[rows]
 
@@ -214,6 +237,11 @@ class RowSampler:
         """
         raw = logits.float()
         scores = raw
+        if self._constraints is not None:
+            scores = raw.clone()
+            for row, constraint in enumerate(self._constraints):
+                if constraint is not None:
+                    constraint.mask(scores[row])
         if self._seen is not None:
             penalty = self._penalty[:, None]
             penalized = torch.where(scores > 0, scores / penalty, scores * penalty)
@@ -224,6 +252,11 @@ class RowSampler:
             tokens = torch.where(self._greedy, tokens, sampled)
         if self._seen is not None:
             self._seen[torch.arange(tokens.shape[0], device=self._device), tokens] = True
+        if self._constraints is not None:
+            chosen_ids = tokens.tolist()
+            for row, constraint in enumerate(self._constraints):
+                if constraint is not None:
+                    constraint.accept(chosen_ids[row])
         if not self._any_logprobs:
             return tokens, None
         scaled = raw / self._temperature[:, None]

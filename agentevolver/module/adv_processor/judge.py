@@ -5,7 +5,9 @@ The judge is the ``judge`` LLM role (an OpenAI-compatible endpoint from ``llm.en
 with full-jitter backoff (timeouts, connection errors, 429, 5xx, malformed 200s) and the limit on requests in
 flight (``max_concurrency``, per event loop). This module adds what is specific to judging: which samples
 are worth a request (``skip_type``), one prompt per sample with all its steps, reading the labels back, and
-re-asking (``judge.parse_retries``, same backoff) when a reply cannot be read.
+re-asking (``judge.parse_retries``, same backoff) when a reply cannot be read. Where the endpoint takes
+``response_format`` (``llm.endpoints.<name>.structured_output``), the reply's schema (exactly one GOOD/BAD
+per step) is sent with the request and the prompt asks for that JSON, so replies always parse.
 
 No outcome of the judge can fail the training step: a sample whose labels cannot be obtained (transport
 failure after retries, an unreadable reply after re-asks, no transcript) gets ``None`` and keeps its plain
@@ -30,6 +32,7 @@ from agentevolver.module.adv_processor.judge_prompt import (
     JudgeParseError,
     Transcript,
     build_judge_messages,
+    judgment_schema,
     parse_step_judgments,
 )
 
@@ -67,6 +70,7 @@ class StepFlagsResult:
     completion_tokens: int = 0
     elapsed_s: float = 0.0
     errors: list[str] = field(default_factory=list)
+    structured_replies: int = 0
 
     def metrics(self) -> dict[str, float]:
         """``adca/judge/*``: counts per status, requests sent, fallback rate, retries, tokens, wall time."""
@@ -84,6 +88,7 @@ class StepFlagsResult:
             "adca/judge/errors": float(counts["judge_error"]),
             "adca/judge/unparseable": float(counts["unparseable"]),
             "adca/judge/parse_retries": float(self.parse_retries),
+            "adca/judge/structured_replies": float(self.structured_replies),
             "adca/judge/prompt_tokens": float(self.prompt_tokens),
             "adca/judge/completion_tokens": float(self.completion_tokens),
             "adca/judge/time_s": self.elapsed_s,
@@ -108,6 +113,7 @@ class _Answer:
     prompt_tokens: int = 0
     completion_tokens: int = 0
     error: str | None = None
+    structured: int = 0
 
 
 async def evaluate_step_flags(
@@ -141,6 +147,7 @@ async def evaluate_step_flags(
         result.parse_retries += answer.retries
         result.prompt_tokens += answer.prompt_tokens
         result.completion_tokens += answer.completion_tokens
+        result.structured_replies += answer.structured
         if answer.error:
             result.errors.append(f"sample {index}: {answer.error}")
     result.elapsed_s = time.perf_counter() - started
@@ -153,7 +160,9 @@ async def evaluate_step_flags(
 async def _judge(client: LLMClient, item: JudgeInput, parse_retries: int) -> _Answer:
     """One sample: ask, read the labels, re-ask (with backoff) while the reply is unreadable."""
     assert item.transcript is not None
-    messages = build_judge_messages(item.transcript, outcome=item.outcome, success=item.success)
+    structured = client.structured_kind is not None
+    messages = build_judge_messages(item.transcript, outcome=item.outcome, success=item.success, structured=structured)
+    schema = judgment_schema(item.num_steps) if structured else None
     endpoint = client.endpoint
     answer = _Answer(flags=None, status="unparseable")
     retrying = AsyncRetrying(
@@ -166,7 +175,8 @@ async def _judge(client: LLMClient, item: JudgeInput, parse_retries: int) -> _An
         async for attempt in retrying:
             with attempt:
                 answer.retries = attempt.retry_state.attempt_number - 1
-                reply = await client.achat(messages)
+                reply = await client.achat(messages, schema=schema)
+                answer.structured += reply.structured is not None
                 answer.prompt_tokens += reply.usage.prompt_tokens
                 answer.completion_tokens += reply.usage.completion_tokens
                 answer.flags = parse_step_judgments(reply.text, item.num_steps)

@@ -9,7 +9,9 @@ the agent closer to a correct solution, and a step that finalises a wrong result
 The reply is parsed leniently but never guessed: numbered ``Step N Judgment: GOOD|BAD`` lines first (1- or
 0-based, markdown tolerated), then, when the numbering is unusable, the judgments in order; anything that
 does not give exactly one label per step raises :class:`JudgeParseError` (the caller retries, then falls
-back to GRPO).
+back to GRPO). When the judge's endpoint takes ``response_format`` (``structured=True``), the prompt asks for
+``{"judgments": ["GOOD", "BAD", ...]}`` instead and :func:`judgment_schema` (exactly one label per step) is
+sent with the request, so the reply always parses; what it cannot do is make a small judge right.
 """
 
 from __future__ import annotations
@@ -18,7 +20,11 @@ import json
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
+
+from pydantic import BaseModel
+
+from agentevolver.client.structured_output import ReplySchema, reply_schema
 
 __all__ = [
     "JudgeParseError",
@@ -26,6 +32,7 @@ __all__ = [
     "Transcript",
     "build_judge_messages",
     "clip_text",
+    "judgment_schema",
     "outcome_success",
     "parse_step_judgments",
     "transcript_from_record",
@@ -121,25 +128,47 @@ was useless, repeated itself, made an error, or only worked by luck.
 - If the episode FAILED: GOOD is reserved for steps that genuinely brought the agent closer to a correct \
 solution; steps that made errors, went in circles, ignored what the environment said, or finalised a wrong \
 result are BAD.
-- Judge each step by what it did given what the agent knew at that point, not by the final outcome alone.
+- Judge each step by what it did given what the agent knew at that point, not by the final outcome alone."""
 
-Answer with exactly one line per step, in order, in this format and nothing else:
+
+_LINES_FORMAT = """Answer with exactly one line per step, in order, in this format and nothing else:
 Step 1 Judgment: GOOD
 Step 2 Judgment: BAD
 (a reason of a few words may follow the label on the same line, after " - ")."""
 
+_JSON_FORMAT = """Answer with a JSON object only, one label per step, in order: \
+{"judgments": ["GOOD", "BAD", ...]}."""
 
-def build_judge_messages(transcript: Transcript, *, outcome: float, success: bool) -> list[dict[str, str]]:
-    """The chat messages of one judge request (system rules + the episode)."""
+
+class StepJudgments(BaseModel):
+    """The structured judge reply: one label per step, in order."""
+
+    judgments: list[Literal["GOOD", "BAD"]]
+
+
+def judgment_schema(num_steps: int) -> ReplySchema:
+    """The reply shape for ``num_steps`` steps: exactly that many GOOD/BAD labels."""
+    return reply_schema(StepJudgments, "step_judgments", judgments={"minItems": num_steps, "maxItems": num_steps})
+
+
+def build_judge_messages(transcript: Transcript, *, outcome: float, success: bool,
+                         structured: bool = False) -> list[dict[str, str]]:
+    """The chat messages of one judge request (system rules + the episode); ``structured`` asks for the JSON
+    reply of :func:`judgment_schema` instead of ``Step N Judgment:`` lines."""
     count = len(transcript.steps)
     verdict = "SUCCEEDED" if success else "FAILED"
     parts = [f"## Task\n{transcript.task}", f"## Outcome\nThe episode {verdict} (reward {outcome:g}).",
              f"## Steps ({count})"]
     for number, step in enumerate(transcript.steps, start=1):
         parts.append(f"### Step {number}\nAgent:\n{step.action}\nEnvironment:\n{step.observation}")
-    parts.append(f"Judge all {count} steps: exactly {count} lines, 'Step N Judgment: GOOD' or "
-                 f"'Step N Judgment: BAD', N = 1..{count}.")
-    return [{"role": "system", "content": _SYSTEM}, {"role": "user", "content": "\n\n".join(parts)}]
+    if structured:
+        parts.append(f"Judge all {count} steps: a JSON object whose \"judgments\" list holds exactly {count} "
+                     "labels, GOOD or BAD, step 1 first.")
+    else:
+        parts.append(f"Judge all {count} steps: exactly {count} lines, 'Step N Judgment: GOOD' or "
+                     f"'Step N Judgment: BAD', N = 1..{count}.")
+    system = _SYSTEM + "\n\n" + (_JSON_FORMAT if structured else _LINES_FORMAT)
+    return [{"role": "system", "content": system}, {"role": "user", "content": "\n\n".join(parts)}]
 
 
 _THINK = re.compile(r"<think>.*?</think>", re.IGNORECASE | re.DOTALL)
@@ -156,6 +185,12 @@ def parse_step_judgments(reply: str, num_steps: int) -> list[bool]:
     are exactly K. A ``<think>`` block is ignored.
     """
     text = _THINK.sub("", reply)
+    structured = _json_judgments(text)
+    if structured is not None:
+        if len(structured) == num_steps:
+            return structured
+        raise JudgeParseError(f"expected {num_steps} judgments in the JSON reply, found {len(structured)} in: "
+                              f"{_excerpt(reply)}")
     numbered: dict[int, bool] = {}
     contradiction = False
     for match in _NUMBERED.finditer(text):
@@ -176,6 +211,21 @@ def parse_step_judgments(reply: str, num_steps: int) -> list[bool]:
         f"{sorted(numbered)[:12]}{' (contradictory)' if contradiction else ''}, "
         f"{len(_LABELLED.findall(text))} 'Judgment:' labels, {len(_BARE.findall(text))} bare labels "
         f"in: {_excerpt(reply)}")
+
+
+def _json_judgments(text: str) -> list[bool] | None:
+    """The labels of a ``{"judgments": [...]}`` reply; None when the reply is not one (read as lines)."""
+    stripped = text.strip()
+    if not stripped.startswith("{"):
+        return None
+    try:
+        value = json.loads(stripped)
+    except json.JSONDecodeError:
+        return None
+    labels = value.get("judgments") if isinstance(value, dict) else None
+    if not isinstance(labels, list) or not all(isinstance(x, str) and x.upper() in ("GOOD", "BAD") for x in labels):
+        return None
+    return [label.upper() == "GOOD" for label in labels]
 
 
 def _excerpt(text: str, limit: int = 200) -> str:

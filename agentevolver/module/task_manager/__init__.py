@@ -3,7 +3,9 @@
 Pipeline: environment **profile** (:mod:`.profile`) -> **explore** (:mod:`.exploration`, strategies by
 name) -> **summarise** with the real query masked (:mod:`.summarizer`, :mod:`.masking`) -> **filter**
 (:mod:`.filters`: real-time dedup, post-hoc LLM feasibility) -> **mix** (:mod:`.mixture`: unified for
-training, original-only for validation). :mod:`.graders` score synthetic tasks (LLM judge) and original
+training, original-only for validation). Where the profile declares that observations prove answers, only
+tasks whose answer :mod:`.proof` finds in what the environment returned are kept. :mod:`.graders` score
+synthetic tasks (``reference``: the answer matched by code, :mod:`.answers`; or an LLM judge) and original
 ones (the environment). :class:`TaskManager` runs generation with a resumable checkpoint
 (:mod:`.checkpoint`); ``python -m agentevolver.module.task_manager`` is the command line. Every LLM role
 (``task_explorer``, ``task_summarizer``, ``task_filter``, ``task_grader``) is an OpenAI-compatible endpoint

@@ -5,6 +5,11 @@ Generates synthetic tasks for the configured environment (``env_service.env_type
 environment service at ``env_service.env_url`` and the LLM roles ``task_explorer``, ``task_summarizer``
 and ``task_filter`` (``llm.roles``). A killed run resumes from ``task_manager.checkpoint_path``.
 
+The summary shows, per stage, what happened and the rates that measure the LLM roles: the summariser's
+parse rate, re-asks and share of replies generated under the reply schema (structured outputs); for an
+environment whose observations prove answers, the share of written tasks whose answer was proved and
+the rejections by reason; duplicates; feasibility verdicts; then up to five kept tasks and the wall time.
+
 Exit status: 0 = done; 1 = done, but some explorations or judgements failed (rerun to retry them: the
 finished ones are kept); 2 = a configuration or service problem (the message says what to change).
 """
@@ -15,6 +20,7 @@ import argparse
 import json
 import logging
 import sys
+import time
 from pathlib import Path
 
 from rich.console import Console
@@ -34,8 +40,12 @@ from agentevolver.config.loader import ROOT_CONFIG_NAME, load_config
 from agentevolver.errors import AgentEvolverError, ConfigError
 from agentevolver.module.task_manager.manager import GenerationReport, TaskManager
 from agentevolver.module.task_manager.seeds import seed_tasks
+from agentevolver.schema import TaskObjective
 
 PHASES = {"explore": "explore + summarise", "filter": "post filters"}
+
+#: Kept tasks shown after the summary table.
+EXAMPLES = 5
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -52,14 +62,21 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
     console = Console(stderr=True)
+    started = time.perf_counter()
     try:
         report, seeds = _generate(args, console)
     except AgentEvolverError as err:
         console.print(f"[red]error:[/red] {err}", markup=True, highlight=False)
         return 2
-    Console().print(summary_table(report, seeds))
+    wall_s = time.perf_counter() - started
+    out = Console()
+    out.print(summary_table(report, seeds))
+    if report.objectives:
+        out.print(examples_table(report))
+    out.print(f"wall time {wall_s:.0f} s", highlight=False)
     if args.summary_json:
-        Path(args.summary_json).write_text(json.dumps(summary_dict(report, seeds), indent=2))
+        Path(args.summary_json).write_text(json.dumps({**summary_dict(report, seeds), "wall_s": round(wall_s, 1)},
+                                                      indent=2))
     if report.failures:
         console.print(f"{len(report.failures)} exploration(s)/judgement(s) failed; rerun the same command to "
                       "retry them (finished work is kept in the checkpoint). First: " + report.failures[0])
@@ -99,8 +116,28 @@ def _generate(args: argparse.Namespace, console: Console) -> tuple[GenerationRep
 
 def summary_dict(report: GenerationReport, seeds: int) -> dict[str, object]:
     """The counters and rates of a run as plain data."""
-    return {"seeds": seeds, "counts": dict(report.counts), "rates": report.rates(), "failures": report.failures,
-            "checkpoint": report.checkpoint_status, "output": str(report.output_path)}
+    return {"seeds": seeds, "counts": dict(report.counts), "rates": report.rates(),
+            "rejections": report.rejections(), "failures": report.failures, "checkpoint": report.checkpoint_status,
+            "output": str(report.output_path),
+            "examples": [_example(o) for o in report.objectives[:EXAMPLES]]}
+
+
+def _example(objective: TaskObjective) -> dict[str, object]:
+    task = objective.task
+    return {"query": task.query, "answer": task.ground_truth, "grader": task.evaluator,
+            "proof": (task.metadata.get("proof") or {}).get("call")}
+
+
+def examples_table(report: GenerationReport) -> Table:
+    """Up to :data:`EXAMPLES` kept tasks: what a person checks first."""
+    table = Table(title=f"kept tasks (first {min(EXAMPLES, len(report.objectives))} of {len(report.objectives)})",
+                  header_style="bold")
+    for column in ("query", "answer", "grader", "proved by"):
+        table.add_column(column)
+    for objective in report.objectives[:EXAMPLES]:
+        row = _example(objective)
+        table.add_row(*(str(row[k] or "-") for k in ("query", "answer", "grader", "proof")))
+    return table
 
 
 def summary_table(report: GenerationReport, seeds: int) -> Table:
@@ -119,17 +156,27 @@ def summary_table(report: GenerationReport, seeds: int) -> Table:
     table.add_row("explorations", str(c["explorations_planned"]),
                   f"{c['explorations_run']} run now, {c['explorations_resumed']} resumed "
                   f"({report.checkpoint_status}), {failed_explorations} failed; {c['explore_steps']} env steps")
+    reasks = rates["reasks_per_exploration"]
     table.add_row("summariser replies", str(c["summary_replies"]),
                   f"{c['summary_unparsed_replies']} unparseable; parse rate {pct(rates['parse_rate'])}; "
+                  f"{'-' if reasks is None else f'{reasks:.2f}'} re-asks per exploration; "
+                  f"{pct(rates['structured_share'])} structured (response_format), "
+                  f"{c['summary_format_fallbacks']} fell back to free text; "
                   f"{c['summaries_failed']} exploration(s) without a usable summary")
+    if c["answers_checked"]:
+        reasons = ", ".join(f"{reason} {n}" for reason, n in report.rejections().items()) or "none"
+        table.add_row("answers checked", str(c["answers_checked"]),
+                      f"{c['answers_proved']} proved by the environment's observations (proof rate "
+                      f"{pct(rates['proof_rate'])}); rejected: {reasons}")
     table.add_row("tasks proposed", str(c["objectives_proposed"]),
-                  f"{c['summary_rejected_items']} malformed item(s) dropped")
+                  f"{c['summary_rejected_items']} malformed item(s) dropped"
+                  + ("; only proved answers" if c["answers_checked"] else ""))
     table.add_row("duplicates dropped", str(c["dropped_exact_duplicate"] + c["dropped_near_duplicate"]),
                   f"{c['dropped_exact_duplicate']} exact, {c['dropped_near_duplicate']} near; duplicate rate "
                   f"{pct(rates['duplicate_rate'])}")
     table.add_row("judged (post filters)", str(c["judged"]),
-                  f"{c['judged_kept']} kept, {c['judged_unparsed']} unparseable verdict(s); feasibility rate "
-                  f"{pct(rates['feasibility_rate'])}")
+                  f"{c['judged_kept']} kept ({c['judged_without_llm']} proved, kept without an LLM), "
+                  f"{c['judged_unparsed']} unparseable verdict(s); feasibility rate {pct(rates['feasibility_rate'])}")
     table.add_row("tasks written", str(c["tasks_written"]), str(report.output_path))
     return table
 

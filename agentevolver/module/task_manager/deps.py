@@ -57,6 +57,15 @@ class TaskManagerDeps:
     def create_params(self) -> dict[str, Any]:
         return dict(self.settings.env_service.create_params)
 
+    @property
+    def synthetic_grader(self) -> str:
+        """The grader synthetic tasks name: ``task_manager.grader.synthetic_grader``, where ``auto`` means
+        ``reference`` when the profile declares that observations prove answers, else ``llm``."""
+        name = self.section.grader.synthetic_grader
+        if name != "auto":
+            return name
+        return "reference" if self.profile.answers is not None else "llm"  # the profile in use, already loaded
+
     def client(self, role: str) -> LLMClient:
         """The shared client of ``llm.roles.<role>``."""
         if self.llm is None:

@@ -21,6 +21,7 @@ from agentevolver.module.task_manager.deps import ROLE_EXPLORER, TaskManagerDeps
 from agentevolver.module.task_manager.prompts import EXPLORER_INSTRUCTIONS, EXPLORER_TOOLS
 from agentevolver.module.task_manager.transcript import for_chat_server
 from agentevolver.module.tools import truncate_text
+from agentevolver.module.tools.parsing.hermes import HermesParser
 from agentevolver.registry import Registry
 from agentevolver.schema import ChatMessage, Task, Trajectory
 
@@ -69,6 +70,7 @@ class RandomWalk(ExplorationStrategy):
         super().__init__(deps)
         self.explorer = deps.client(ROLE_EXPLORER)
         self.parser = deps.settings.agent_flow.tools.make_parser()
+        self.tagged_calls = isinstance(self.parser, HermesParser)
         self.max_steps = deps.section.max_explore_step
         self.max_chars = deps.section.max_observation_chars
 
@@ -113,7 +115,8 @@ class RandomWalk(ExplorationStrategy):
         instructions = self._instructions(tools, focus)
         steps: list[ChatMessage] = []
         for step in range(self.max_steps):
-            chat = _with_instructions(for_chat_server([*opening, *steps], self.max_chars), instructions)
+            chat = _with_instructions(for_chat_server([*opening, *steps], self.max_chars, tagged_calls=self.tagged_calls),
+                                      instructions)
             text = self.explorer.chat(chat).text
             action = self.parser.parse(text, step=step, tools=tools or None)
             message = ChatMessage(role="assistant", content=text, tool_calls=action.tool_calls or None)

@@ -7,6 +7,8 @@ once on everything generated (seed 000, chapter 2: two layers of filters).
   duplicates: "12 * 31" and "12 * 32" are different tasks however similar the text.
 * ``llm_feasibility`` (post): the ``task_filter`` LLM judges, from the environment profile, whether the
   task can be done in the environment; an unparseable verdict (after retries) drops the task and is counted.
+  A task whose answer the environment proved (:mod:`.proof`) is kept without asking: the environment did
+  it, from inputs the task states, which is better evidence than a judge's opinion.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from agentevolver.client.structured_output import reply_schema
 from agentevolver.module.task_manager.deps import ROLE_FILTER, TaskManagerDeps
 from agentevolver.module.task_manager.embedding import EMBEDDERS, Embedder, normalize_text
 from agentevolver.module.task_manager.parsing import FeasibilityReply, ask_parsed, extract_json
@@ -114,6 +117,7 @@ class Verdict:
     reason: str = ""
     unparsed: bool = False
     replies: int = 0
+    without_llm: bool = False  # decided without asking (e.g. an answer proved by the environment)
 
 
 class PostFilter(ABC):
@@ -158,11 +162,17 @@ class LlmFeasibilityFilter(PostFilter):
         return [*messages, {"role": "user", "content": user}]
 
     def judge(self, objective: TaskObjective) -> Verdict:
-        reply = ask_parsed(self.client, self.messages(objective), _parse_feasibility, self.deps.section.parse_retries)
+        if objective.task.metadata.get("proof"):
+            return Verdict(keep=True, reason="answer proved by the environment's observations", without_llm=True)
+        reply = ask_parsed(self.client, self.messages(objective), _parse_feasibility, self.deps.section.parse_retries,
+                           schema=_VERDICT_SCHEMA)
         if reply.value is None:
             return Verdict(keep=False, reason=f"unparseable verdict: {reply.errors[-1]}", unparsed=True,
                            replies=reply.replies)
         return Verdict(keep=reply.value.feasible, reason=reply.value.reason, replies=reply.replies)
+
+
+_VERDICT_SCHEMA = reply_schema(FeasibilityReply, "feasibility")
 
 
 def _parse_feasibility(text: str) -> FeasibilityReply:

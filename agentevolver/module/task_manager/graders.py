@@ -8,6 +8,11 @@
   relevance x success x (0.5 + 0.5 x efficiency) from scores in [0, 1]. The grader of synthetic tasks,
   whose environment instance belongs to another (the seed) task, so ``/evaluate`` means nothing for them.
 
+* ``reference``: the agent's final answer (after the profile's ``final_answer_marker`` in its last message)
+  matched against the task's reference answer by code (:mod:`.answers`: numbers within the profile's
+  tolerance). The grader of synthetic tasks whose answer the environment proved (:mod:`.proof`); no LLM.
+  ``synthetic_grader: auto`` picks it when the profile declares that observations prove answers.
+
 An episode already penalised for degenerate output (``reward.madness < 0``) keeps the agent flow's reward
 and costs no judge call. A judge reply that never parses (after ``parse_retries``) or a judge that cannot
 be reached scores 0 and is counted in the episode's metrics (``grader/unparsed``, ``grader/errors``):
@@ -28,11 +33,14 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from agentevolver.client.llm_client import LLMClients
+from agentevolver.client.structured_output import reply_schema
 from agentevolver.config.schema import AgentEvolverSettings
 from agentevolver.errors import LLMError
 from agentevolver.module.agent_flow.episode import EpisodeResult, EpisodeSpec
+from agentevolver.module.task_manager.answers import final_answer, match_answer
 from agentevolver.module.task_manager.deps import ROLE_GRADER
 from agentevolver.module.task_manager.parsing import aask_parsed, extract_json
+from agentevolver.module.task_manager.profile import AnswerProof, ProfileError, load_profile
 from agentevolver.module.task_manager.prompts import (
     GRADER_BINARY,
     GRADER_GRADED,
@@ -45,7 +53,8 @@ from agentevolver.module.task_manager.transcript import render_transcript
 from agentevolver.registry import Registry
 from agentevolver.schema import Reward, Task
 
-__all__ = ["GRADERS", "EnvGrader", "Grader", "GraderPool", "LlmJudgeGrader", "agrade_episode", "episode_part"]
+__all__ = ["GRADERS", "EnvGrader", "Grader", "GraderPool", "LlmJudgeGrader", "ReferenceGrader", "agrade_episode",
+           "episode_part"]
 
 logger = logging.getLogger(__name__)
 
@@ -82,7 +91,7 @@ class BinaryVerdict(BaseModel):
     relevant: bool
     success: bool
     efficient: bool = True
-    reason: str = ""
+    reason: str = Field(default="", json_schema_extra={"maxLength": 200})
 
 
 class GradedVerdict(BaseModel):
@@ -91,7 +100,11 @@ class GradedVerdict(BaseModel):
     relevance: float = Field(ge=0.0, le=1.0)
     success: float = Field(ge=0.0, le=1.0)
     efficiency: float = Field(ge=0.0, le=1.0)
-    reason: str = ""
+    reason: str = Field(default="", json_schema_extra={"maxLength": 200})
+
+
+_SCHEMAS = {BinaryVerdict: reply_schema(BinaryVerdict, "binary_verdict"),
+            GradedVerdict: reply_schema(GradedVerdict, "graded_verdict")}
 
 
 @GRADERS.register("llm")
@@ -126,11 +139,13 @@ class LlmJudgeGrader(Grader):
         model = BinaryVerdict if binary else GradedVerdict
         try:
             reply = await aask_parsed(self.client, self.messages(task, messages),
-                                      lambda text: model.model_validate(extract_json(text)), self.retries)
+                                      lambda text: model.model_validate(extract_json(text)), self.retries,
+                                      schema=_SCHEMAS[model])
         except LLMError as err:
             logger.warning("llm grader: the judge failed, scoring 0: %s", err)
             return Reward(description=f"llm grader failed: {err}"), {"grader/errors": 1.0}
-        metrics = {"grader/replies": float(reply.replies), "grader/unparsed_replies": float(reply.failures)}
+        metrics = {"grader/replies": float(reply.replies), "grader/unparsed_replies": float(reply.failures),
+                   "grader/structured_replies": float(reply.structured)}
         verdict = reply.value
         if verdict is None:
             metrics["grader/unparsed"] = 1.0
@@ -145,6 +160,51 @@ class LlmJudgeGrader(Grader):
             parts = f"relevance={verdict.relevance:g} success={verdict.success:g} efficiency={verdict.efficiency:g}"
         return Reward(outcome=score, success_rate=success, madness=reward.madness,
                       description=f"llm grader ({parts}): {verdict.reason}".strip()), metrics
+
+
+@GRADERS.register("reference")
+class ReferenceGrader(Grader):
+    """The agent's final answer against the task's reference answer, by code (see the module docstring).
+
+    Marker and tolerances come from the ``answers`` section of the task's environment profile
+    (``task_manager.env_profile`` or the shipped one); without a profile or that section, the defaults of
+    :class:`~agentevolver.module.task_manager.profile.AnswerProof`.
+    """
+
+    def __init__(self, settings: AgentEvolverSettings, llm: LLMClients | None) -> None:
+        super().__init__(settings, llm)
+        self._rules: dict[str, AnswerProof] = {}
+        self._lock = threading.Lock()
+
+    def rules(self, env_type: str) -> AnswerProof:
+        with self._lock:
+            if env_type not in self._rules:
+                try:
+                    answers = load_profile(env_type, self.settings.task_manager.env_profile).answers
+                except ProfileError:
+                    answers = None
+                self._rules[env_type] = answers or AnswerProof(proved_by="observations")
+            return self._rules[env_type]
+
+    async def agrade(self, task: Task, messages: Sequence[Mapping[str, Any]], reward: Reward) -> tuple[Reward, dict[str, float]]:
+        if reward.madness < 0:
+            return reward, {"grader/skipped_mad": 1.0}
+        if not task.ground_truth:
+            return Reward(madness=reward.madness, description="reference grader: the task has no reference "
+                                                              "answer; scored 0"), {"grader/no_reference": 1.0}
+        rules = self.rules(task.env_type)
+        last = next((m for m in reversed(episode_part(messages)) if _is_agent(m)), None)
+        given = final_answer(str(last.get("content") or ""), rules.final_answer_marker) if last else None
+        match = match_answer(given, task.ground_truth, rel_tol=rules.rel_tol, abs_tol=rules.abs_tol)
+        score = 1.0 if match.correct else 0.0
+        return (Reward(outcome=score, success_rate=score, madness=reward.madness,
+                       description=f"reference grader: {match.description}"),
+                {"grader/reference_correct": score})
+
+
+def _is_agent(message: Mapping[str, Any]) -> bool:
+    author = message.get("author")
+    return author in _POLICY_AUTHORS or (author is None and message.get("role") == "assistant")
 
 
 def episode_part(messages: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:

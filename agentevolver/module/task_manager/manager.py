@@ -70,15 +70,27 @@ class GenerationReport:
     output_path: Path | None = None
 
     def rates(self) -> dict[str, float | None]:
-        """parse rate (summariser replies that parsed), duplicate rate (proposed tasks the real-time filters
-        dropped as duplicates), feasibility rate (judged tasks the post filters kept); None when undefined."""
+        """parse rate (summariser replies that parsed), re-asks per exploration, structured share (replies
+        generated under the reply schema), proof rate (written tasks whose answer the environment's
+        observations proved; grounded profiles), duplicate rate (proved tasks the real-time filters dropped as
+        duplicates), feasibility rate (judged tasks the post filters kept); None when undefined."""
         c = self.counts
         duplicates = c["dropped_exact_duplicate"] + c["dropped_near_duplicate"]
+        summarised = c["explorations_planned"] - len([f for f in self.failures if "#" in f.split(":", 1)[0]])
         return {
             "parse_rate": _ratio(c["summary_replies"] - c["summary_unparsed_replies"], c["summary_replies"]),
+            "reasks_per_exploration": _ratio(c["summary_replies"] - summarised, summarised),
+            "structured_share": _ratio(c["summary_structured_replies"], c["summary_replies"]),
+            "proof_rate": _ratio(c["answers_proved"], c["answers_checked"]),
             "duplicate_rate": _ratio(duplicates, c["objectives_proposed"]),
             "feasibility_rate": _ratio(c["judged_kept"], c["judged"]),
         }
+
+    def rejections(self) -> dict[str, int]:
+        """Written tasks whose answer was not proved, by reason (:data:`.proof.REJECTION_REASONS`)."""
+        prefix = "answers_rejected_"
+        return {key.removeprefix(prefix): value for key, value in sorted(self.counts.items())
+                if key.startswith(prefix) and value}
 
 
 def _ratio(num: int, den: int) -> float | None:
@@ -206,9 +218,12 @@ class TaskManager:
             "explore_steps": trajectory.num_steps,
             "summary_replies": summary.replies,
             "summary_unparsed_replies": summary.unparsed_replies,
+            "summary_structured_replies": summary.structured_replies,
+            "summary_format_fallbacks": summary.format_fallbacks,
             "summaries_failed": int(not summary.parsed),
             "summary_rejected_items": summary.rejected_items,
             "objectives_proposed": len(summary.objectives),
+            **{f"answers_{key}": value for key, value in summary.proofs.items()},
         }
         if not summary.parsed:
             logger.info("exploration %s: no summary reply parsed (%s)", exploration_key(seed.task_id, round_index),
@@ -255,7 +270,7 @@ class TaskManager:
                     else:
                         checkpoint.verdicts[f"{name}:{objective.task.task_id}"] = {
                             "keep": verdict.keep, "reason": verdict.reason, "unparsed": verdict.unparsed,
-                            "replies": verdict.replies}
+                            "replies": verdict.replies, "without_llm": verdict.without_llm}
                         checkpoint.save()
                     done += 1
                     if progress:
@@ -267,6 +282,7 @@ class TaskManager:
                     continue
                 report.counts["judged"] += 1
                 report.counts["judge_replies"] += int(verdict.get("replies", 0))
+                report.counts["judged_without_llm"] += bool(verdict.get("without_llm"))
                 if verdict.get("unparsed"):
                     report.counts["judged_unparsed"] += 1
                 if verdict["keep"]:
@@ -294,7 +310,8 @@ def check_names(settings: AgentEvolverSettings) -> None:
     EMBEDDERS.check(section.dedup.embedder)
     MIXTURES.check(section.mixture.strategy)
     GRADERS.check(section.grader.original_grader, "task_manager.grader.original_grader")
-    GRADERS.check(section.grader.synthetic_grader, "task_manager.grader.synthetic_grader")
+    if section.grader.synthetic_grader != "auto":  # auto: reference or llm, by the profile (deps.synthetic_grader)
+        GRADERS.check(section.grader.synthetic_grader, "task_manager.grader.synthetic_grader")
 
 
 def _batches(pending: list[tuple[Task, int]], size: int) -> list[list[tuple[Task, int]]]:

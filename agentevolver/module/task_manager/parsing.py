@@ -1,10 +1,13 @@
 """LLM replies -> validated values, with bounded retries that show the model its mistake.
 
-Every role of the task manager (summariser, feasibility judge, grader) asks for JSON. Models wrap it in
-prose or code fences, or get it wrong; :func:`extract_json` finds the first JSON value in the text, the
-role's parse function validates it against a schema (pydantic), and :func:`ask_parsed` re-asks up to
-``retries`` times with the parse error appended to the conversation. A reply that never parses is
-*counted* (``ParsedReply.failures``) and returned as ``value=None``: it never ends a generation run.
+Every role of the task manager (summariser, feasibility judge, grader) asks for JSON, and sends the reply's
+schema (:func:`agentevolver.client.structured_output.reply_schema` of its pydantic model) so that an
+endpoint that takes ``response_format`` generates only valid replies. Replies from endpoints that do not
+are free text: models wrap JSON in prose or code fences, or get it wrong; :func:`extract_json` finds the
+first JSON value in the text, the role's parse function validates it (pydantic), and :func:`ask_parsed`
+re-asks up to ``retries`` times with the parse error appended to the conversation. A reply that never
+parses is *counted* (``ParsedReply.failures``) and returned as ``value=None``: it never ends a generation
+run. ``ParsedReply.structured`` counts the replies generated under a schema.
 """
 
 from __future__ import annotations
@@ -14,15 +17,16 @@ import logging
 import re
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Generic, TypeVar
+from typing import Annotated, Any, Generic, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from agentevolver.client.structured_output import ReplySchema, reply_schema
 from agentevolver.module.task_manager.embedding import normalize_text
 from agentevolver.module.task_manager.prompts import MASK, RETRY_FEEDBACK
 
-__all__ = ["FeasibilityReply", "ParsedReply", "ReplyParseError", "SummaryItem", "aask_parsed", "ask_parsed",
-           "extract_json", "parse_summary"]
+__all__ = ["FeasibilityReply", "GroundedItem", "ParsedReply", "ReplyParseError", "SummaryItem", "aask_parsed",
+           "ask_parsed", "extract_json", "parse_summary", "summary_schema"]
 
 T = TypeVar("T")
 
@@ -53,22 +57,12 @@ def extract_json(text: str) -> Any:
     raise ReplyParseError("it contains no JSON array or object")
 
 
-class SummaryItem(BaseModel):
-    """One task as the summariser writes it."""
+class _TaskText(BaseModel):
+    """The task statement every summariser item has."""
 
     model_config = ConfigDict(extra="ignore", str_strip_whitespace=True)
 
-    query: str = Field(min_length=8)
-    answer: str | None = None
-    confidence: float | None = Field(default=None, ge=0.0, le=1.0)
-
-    @field_validator("answer", mode="before")
-    @classmethod
-    def _answer_as_text(cls, value: Any) -> Any:
-        """Models write numeric or structured answers as JSON values; keep them as text."""
-        if value is None or isinstance(value, str):
-            return value
-        return json.dumps(value, ensure_ascii=False)
+    query: str = Field(min_length=8, json_schema_extra={"maxLength": 200})
 
     @field_validator("query")
     @classmethod
@@ -80,6 +74,47 @@ class SummaryItem(BaseModel):
             raise ValueError(f"a task must be an instruction of at least {MIN_QUERY_WORDS} words")
         return value
 
+    @field_validator("answer", mode="before", check_fields=False)
+    @classmethod
+    def _answer_as_text(cls, value: Any) -> Any:
+        """Models write numeric or structured answers as JSON values; keep them as text."""
+        if value is None or isinstance(value, str):
+            return value
+        return json.dumps(value, ensure_ascii=False)
+
+
+class SummaryItem(_TaskText):
+    """One task as the summariser writes it."""
+
+    answer: Annotated[str, Field(json_schema_extra={"maxLength": 120})] | None = None
+    confidence: float | None = Field(default=None, ge=0.0, le=1.0)
+
+
+class GroundedItem(_TaskText):
+    """A task whose answer the environment's observations must prove (profile ``answers``): the answer is
+    required, and ``evidence`` quotes the observation that shows it (the proof itself is checked by code,
+    :mod:`.proof`)."""
+
+    answer: str = Field(min_length=1, json_schema_extra={"maxLength": 40})
+    evidence: str = Field(min_length=1, json_schema_extra={"maxLength": 80})
+
+
+class _Tasks(BaseModel):
+    tasks: list[SummaryItem]
+
+
+class _GroundedTasks(BaseModel):
+    tasks: list[GroundedItem]
+
+
+def summary_schema(limit: int, grounded: bool) -> ReplySchema:
+    """The summariser's reply shape: ``{"tasks": [...]}`` with 1..``limit`` items (grounded: query, answer,
+    evidence; otherwise query, answer or null, confidence or null). Strings are length-limited in the
+    schema only (not when parsing a free-text reply), so a constrained small model cannot ramble on."""
+    model = _GroundedTasks if grounded else _Tasks
+    return reply_schema(model, "grounded_tasks" if grounded else "tasks",
+                        tasks={"minItems": 1, "maxItems": limit})
+
 
 @dataclass
 class SummaryParse:
@@ -89,12 +124,13 @@ class SummaryParse:
     rejected: list[str] = field(default_factory=list)
 
 
-def parse_summary(text: str, limit: int, forbidden: Sequence[str] = ()) -> SummaryParse:
+def parse_summary(text: str, limit: int, forbidden: Sequence[str] = (), grounded: bool = False) -> SummaryParse:
     """A summariser reply -> up to ``limit`` valid items; :class:`ReplyParseError` if there is none.
 
     A list, or an object holding one under ``tasks``, is accepted. A reply cut off by ``max_tokens`` in the
     middle of the array still yields its complete objects. Invalid items, and items whose query is one of
-    ``forbidden`` (the worked example's), are dropped and listed.
+    ``forbidden`` (the worked example's), are dropped and listed. ``grounded`` items need an answer and
+    its evidence (:class:`GroundedItem`).
     """
     value = extract_json(text)
     if isinstance(value, Mapping):
@@ -102,11 +138,12 @@ def parse_summary(text: str, limit: int, forbidden: Sequence[str] = ()) -> Summa
     if not isinstance(value, list):
         raise ReplyParseError("expected a JSON array of task objects")
     copied = {normalize_text(text) for text in forbidden}
+    model = GroundedItem if grounded else SummaryItem
     items: list[SummaryItem] = []
     rejected: list[str] = []
     for index, raw in enumerate(value):
         try:
-            item = SummaryItem.model_validate(raw)
+            item = model.model_validate(raw)
         except ValidationError as err:
             first = err.errors(include_url=False)[0]
             where = ".".join(str(p) for p in first["loc"]) or "item"
@@ -142,7 +179,7 @@ class FeasibilityReply(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
     feasible: bool
-    reason: str = ""
+    reason: str = Field(default="", json_schema_extra={"maxLength": 200})
 
 
 @dataclass
@@ -154,6 +191,8 @@ class ParsedReply(Generic[T]):
     failures: int = 0
     errors: list[str] = field(default_factory=list)
     last_text: str = ""
+    structured: int = 0  # replies generated under the schema (response_format)
+    format_fallbacks: int = 0  # replies the endpoint generated as free text after refusing the schema
 
 
 def _conversation(messages: Sequence[Mapping[str, str]], failed: list[tuple[str, str]]) -> list[dict[str, str]]:
@@ -165,15 +204,14 @@ def _conversation(messages: Sequence[Mapping[str, str]], failed: list[tuple[str,
 
 
 def ask_parsed(client: Any, messages: Sequence[Mapping[str, str]], parse: Callable[[str], T], retries: int,
-               **chat_kwargs: Any) -> ParsedReply[T]:
+               schema: ReplySchema | None = None, **chat_kwargs: Any) -> ParsedReply[T]:
     """Ask ``client`` (an :class:`~agentevolver.client.llm_client.LLMClient`) and parse the reply; on a
-    :class:`ReplyParseError` (or a pydantic error) re-ask with the error shown, at most ``retries`` times."""
+    :class:`ReplyParseError` (or a pydantic error) re-ask with the error shown, at most ``retries`` times.
+    ``schema`` goes to the client, which sends it as ``response_format`` when the endpoint takes it."""
     result: ParsedReply[T] = ParsedReply(value=None)
     failed: list[tuple[str, str]] = []
     for _attempt in range(retries + 1):
-        text = client.chat(_conversation(messages, failed), **chat_kwargs).text
-        result.replies += 1
-        result.last_text = text
+        text = _count_reply(result, client.chat(_conversation(messages, failed), schema=schema, **chat_kwargs))
         try:
             result.value = parse(text)
             return result
@@ -183,20 +221,28 @@ def ask_parsed(client: Any, messages: Sequence[Mapping[str, str]], parse: Callab
 
 
 async def aask_parsed(client: Any, messages: Sequence[Mapping[str, str]], parse: Callable[[str], T],
-                      retries: int, **chat_kwargs: Any) -> ParsedReply[T]:
+                      retries: int, schema: ReplySchema | None = None, **chat_kwargs: Any) -> ParsedReply[T]:
     """Async :func:`ask_parsed` (``client.achat``)."""
     result: ParsedReply[T] = ParsedReply(value=None)
     failed: list[tuple[str, str]] = []
     for _attempt in range(retries + 1):
-        text = (await client.achat(_conversation(messages, failed), **chat_kwargs)).text
-        result.replies += 1
-        result.last_text = text
+        reply = await client.achat(_conversation(messages, failed), schema=schema, **chat_kwargs)
+        text = _count_reply(result, reply)
         try:
             result.value = parse(text)
             return result
         except (ReplyParseError, ValidationError) as err:
             _count_failure(result, failed, text, err)
     return result
+
+
+def _count_reply(result: ParsedReply[Any], reply: Any) -> str:
+    """Count one reply (and whether it was structured); return its text."""
+    result.replies += 1
+    result.structured += bool(getattr(reply, "structured", None))
+    result.format_fallbacks += bool(getattr(reply, "format_fallback", False))
+    result.last_text = reply.text
+    return reply.text
 
 
 def _count_failure(result: ParsedReply[Any], failed: list[tuple[str, str]], text: str, err: Exception) -> None:

@@ -5,6 +5,12 @@ explorer knows what to try and the summariser and feasibility judge know what a 
 (seed 000, chapter 2: profile -> explore -> summarise -> filter -> mix). Profiles are data: one JSON file
 per environment, shipped under ``profiles/<env_type>.json`` or given by path in ``task_manager.env_profile``.
 A file that fails validation raises :class:`ProfileError` naming the file and the bad field.
+
+A profile may also declare that the environment's observations **prove** answers (``answers``, see
+:class:`AnswerProof`): the calculator's result *is* the answer to "what is 17 * 23?". Then the task writer
+must give each task's answer and its evidence, code checks the answer against what the environment
+returned (:mod:`.proof`), and the ``reference`` grader scores episodes by matching that answer: no LLM
+judges a synthetic task of such an environment.
 """
 
 from __future__ import annotations
@@ -12,12 +18,14 @@ from __future__ import annotations
 import json
 from importlib import resources
 from pathlib import Path
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from agentevolver.errors import ConfigError
 
-__all__ = ["Attribute", "Entity", "EnvProfile", "Operation", "ProfileError", "load_profile", "shipped_profiles"]
+__all__ = ["AnswerProof", "Attribute", "Entity", "EnvProfile", "Operation", "ProfileError", "load_profile", "resolve_synthetic_grader",
+           "shipped_profiles"]
 
 
 class ProfileError(ConfigError):
@@ -55,6 +63,26 @@ class Entity(_Item):
         return self
 
 
+class AnswerProof(BaseModel):
+    """``answers``: how this environment's observations prove a task's answer (see the module docstring).
+
+    ``kind`` number: the answer is a number that some observation (a tool result, not the agent's own text)
+    equals within ``rel_tol`` / ``abs_tol``; with ``inputs_in_query`` every number the action producing it
+    was given must be stated in the task or be an earlier proved result (so the task can be solved and has
+    that answer). ``kind`` text: the answer appears verbatim (case and spacing aside) in an observation.
+    ``final_answer_marker`` is what precedes the agent's answer in its last message, for the grader.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True, str_strip_whitespace=True)
+
+    proved_by: Literal["observations"]
+    kind: Literal["number", "text"] = "number"
+    inputs_in_query: bool = True
+    final_answer_marker: str = Field(default="FINAL ANSWER", min_length=1)
+    rel_tol: float = Field(default=1e-6, ge=0.0)
+    abs_tol: float = Field(default=1e-6, ge=0.0)
+
+
 class EnvProfile(BaseModel):
     """The profile of one environment."""
 
@@ -63,6 +91,7 @@ class EnvProfile(BaseModel):
     env_type: str = Field(min_length=1)
     description: str = Field(min_length=1)
     entities: list[Entity] = Field(min_length=1)
+    answers: AnswerProof | None = None
 
     @model_validator(mode="after")
     def _unique_entities(self) -> EnvProfile:
@@ -127,6 +156,23 @@ def load_profile(env_type: str, path: str | Path | None = None) -> EnvProfile:
         raise ProfileError(f"{where}: env_type is {profile.env_type!r} but the environment is {env_type!r}; "
                            "point task_manager.env_profile at that environment's profile")
     return profile
+
+
+def resolve_synthetic_grader(name: str, env_type: str, profile_path: str | Path | None = None) -> str:
+    """The grader that ``task_manager.grader.synthetic_grader`` names, with ``auto`` resolved: ``reference`` when
+    the environment's profile declares that observations prove answers (no LLM grades such tasks), else ``llm``.
+
+    One place for the rule, because the task manager (what it writes into each task), the cluster check (whether
+    the grader endpoint must answer) and the ablation runner (which roles a run uses) all need the same answer.
+    An environment without a profile cannot prove answers, so ``auto`` is ``llm`` there.
+    """
+    if name != "auto":
+        return name
+    try:
+        profile = load_profile(env_type, profile_path)
+    except ProfileError:
+        return "llm"
+    return "reference" if profile.answers is not None else "llm"
 
 
 def _field_path(loc: tuple[int | str, ...]) -> str:

@@ -2,13 +2,14 @@
 
 Kept in one module so the wording can be reviewed (and versioned: :data:`PROMPT_VERSION` enters the
 generation checkpoint's digest, so changing a prompt starts generation afresh) in one place. The replies
-asked for are JSON, because they are parsed and schema-validated (``parsing.py``).
+asked for are JSON, because they are parsed and schema-validated (``parsing.py``), and the same schema is
+sent as ``response_format`` where the endpoint takes it.
 """
 
 from __future__ import annotations
 
 #: Bump when a prompt below changes in a way that changes what generation produces.
-PROMPT_VERSION = 2
+PROMPT_VERSION = 3
 
 #: What replaces the seed task's real query before the summariser sees a trajectory (seed 000, ch. 2).
 MASK = "[MASKED]"
@@ -45,8 +46,31 @@ actions in the record show to be possible. Each task must be self-contained: sta
 and do not mention the record, the exploration or {mask}. For each task give the expected answer (or the \
 observable result that shows success) and your confidence, from 0 to 1, that the task can be done as stated.
 
-Reply with a JSON array only, for example:
-[{{"query": "...", "answer": "...", "confidence": 0.8}}]"""
+Reply with JSON only, for example:
+{{"tasks": [{{"query": "...", "answer": "...", "confidence": 0.8}}]}}"""
+
+#: The summariser's request when the profile declares that observations prove answers (``answers``): each
+#: task carries the answer the environment returned and where; code then checks the proof (``proof.py``).
+SUMMARIZER_USER_GROUNDED = """\
+{profile}
+
+Below is the record of an exploration of this environment. The task the agent was originally given is \
+hidden and shown as {mask}; do not guess it.
+
+<record>
+{transcript}
+</record>
+
+The environment returned these results in the record:
+{results}
+
+Write up to {k} different questions whose answer is one of these results. For each one give:
+- "query": a self-contained question that states every value the environment was given to produce the \
+answer, without mentioning the record, the exploration or {mask};
+- "answer": the value the environment returned, exactly as it appears in the record, and nothing else;
+- "evidence": the line of the record where the environment returned it.
+
+Reply with JSON only: {{"tasks": [{{"query": "...", "answer": "...", "evidence": "..."}}]}}"""
 
 FILTER_SYSTEM = "You check whether a task can be carried out in a given environment."
 
@@ -120,6 +144,35 @@ DEMO_TASKS = [
 
 #: Texts of the example a summariser reply must not copy as a task (its queries and answers).
 DEMO_TEXTS = tuple(text for task in DEMO_TASKS for text in (task["query"], task["answer"]))
+
+#: The worked example of the grounded request: a made-up library catalogue whose tool returns numbers.
+DEMO_GROUNDED_PROFILE = """Environment `library`: a catalogue that counts books.
+
+Entities:
+- author: a writer whose books the library holds
+  attributes: name (the author's name)
+  operations: count_books (how many books by an author the library holds)"""
+
+DEMO_GROUNDED_TRANSCRIPT = """[environment (system)]
+You answer questions about the library. Call count_books(author).
+
+[environment]
+[MASKED]
+
+[agent]
+count_books(author="Jane Austen")
+
+[environment (tool result)]
+12"""
+
+DEMO_GROUNDED_RESULTS = '- 12 (from count_books({"author": "Jane Austen"}))'
+
+DEMO_GROUNDED_TASKS = {"tasks": [
+    {"query": "How many books by Jane Austen does the library hold?", "answer": "12", "evidence": "12"},
+]}
+
+#: Texts of the grounded example a reply must not copy as a task.
+DEMO_GROUNDED_TEXTS = tuple(task["query"] for task in DEMO_GROUNDED_TASKS["tasks"])
 
 #: (task, expected answer, verdict) exchanges shown to the feasibility judge: one of each verdict, so the
 #: example does not bias the judge towards either.

@@ -3,21 +3,34 @@
 The trajectory is masked first (:mod:`.masking`): the summariser never sees the seed task's query. The
 environment's worked demonstrations (opening turns between its system message and the task message) are
 left out of the record: they are examples the environment gives every episode, not something the
-exploration did. With ``task_manager.demonstrations`` a worked example (a made-up notes app) comes
-first, as an earlier exchange; a task copying its text (a query or an answer) is rejected. The reply is parsed and schema-validated (:mod:`.parsing`); an unparseable reply is
-retried with its error shown, at most ``task_manager.parse_retries`` times, and then counted, never raised.
+exploration did. With ``task_manager.demonstrations`` a worked example (a made-up app) comes first, as an
+earlier exchange; a task copying its text (a query or an answer) is rejected. The reply's schema is sent as
+``response_format`` where the endpoint takes it; the reply is parsed and schema-validated (:mod:`.parsing`);
+an unparseable reply is retried with its error shown, at most ``task_manager.parse_retries`` times, and
+then counted, never raised.
+
+When the environment's profile declares that observations prove answers (``answers``), the summariser asks
+for ``{query, answer, evidence}`` and keeps only the tasks whose answer :func:`.proof.prove` finds in what
+the environment returned; the others are counted by reason (``SummaryOutcome.proofs``).
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+from collections import Counter
 from dataclasses import dataclass, field
+from typing import Any
 
 from agentevolver.module.task_manager.deps import ROLE_SUMMARIZER, TaskManagerDeps
 from agentevolver.module.task_manager.masking import mask_query
-from agentevolver.module.task_manager.parsing import ask_parsed, parse_summary
+from agentevolver.module.task_manager.parsing import ask_parsed, parse_summary, summary_schema
 from agentevolver.module.task_manager.prompts import (
+    DEMO_GROUNDED_PROFILE,
+    DEMO_GROUNDED_RESULTS,
+    DEMO_GROUNDED_TASKS,
+    DEMO_GROUNDED_TEXTS,
+    DEMO_GROUNDED_TRANSCRIPT,
     DEMO_PROFILE,
     DEMO_TASKS,
     DEMO_TEXTS,
@@ -25,7 +38,9 @@ from agentevolver.module.task_manager.prompts import (
     MASK,
     SUMMARIZER_SYSTEM,
     SUMMARIZER_USER,
+    SUMMARIZER_USER_GROUNDED,
 )
+from agentevolver.module.task_manager.proof import observations, prove
 from agentevolver.module.task_manager.transcript import render_transcript
 from agentevolver.schema import ChatMessage, Task, TaskObjective, Trajectory
 
@@ -41,6 +56,10 @@ class SummaryOutcome:
     unparsed_replies: int = 0
     rejected_items: int = 0
     errors: list[str] = field(default_factory=list)
+    structured_replies: int = 0
+    format_fallbacks: int = 0
+    #: grounded profiles only: ``checked``, ``proved`` and ``rejected_<reason>`` (see :mod:`.proof`)
+    proofs: Counter[str] = field(default_factory=Counter)
 
     @property
     def parsed(self) -> bool:
@@ -62,6 +81,12 @@ def record_for_summary(trajectory: Trajectory) -> list[ChatMessage]:
     return [masked[i] for i in keep] + masked[opening_len:]
 
 
+def tool_results(trajectory: Trajectory) -> str:
+    """The record's tool results and their calls as a list (grounded prompt): what an answer must be one of."""
+    lines = [f"- {obs.text.strip()} (from {obs.call})" for obs in observations(trajectory) if obs.call is not None]
+    return "\n".join(lines) or "(none: no tool returned anything)"
+
+
 class Summarizer:
     """Writes task objectives from trajectories (thread-safe; one per generation run)."""
 
@@ -70,41 +95,70 @@ class Summarizer:
         self.client = deps.client(ROLE_SUMMARIZER)
         self.section = deps.section
 
+    @property
+    def grounded(self) -> bool:
+        """Whether answers must be proved by the environment's observations (the profile's ``answers``)."""
+        return self.deps.profile.answers is not None
+
     def messages(self, trajectory: Trajectory) -> list[dict[str, str]]:
         """The request the summariser gets for ``trajectory`` (masked; see the module docstring), after the
         worked example when ``task_manager.demonstrations`` is on."""
         transcript = render_transcript(record_for_summary(trajectory), self.section.max_observation_chars)
         k = self.section.tasks_per_exploration
-        user = SUMMARIZER_USER.format(profile=self.deps.profile.render(), mask=MASK, transcript=transcript, k=k)
+        template = SUMMARIZER_USER_GROUNDED if self.grounded else SUMMARIZER_USER
+        user = template.format(profile=self.deps.profile.render(), mask=MASK, transcript=transcript, k=k,
+                               results=tool_results(trajectory))
         messages = [{"role": "system", "content": SUMMARIZER_SYSTEM}]
         if self.section.demonstrations:
-            demo = SUMMARIZER_USER.format(profile=DEMO_PROFILE, mask=MASK, transcript=DEMO_TRANSCRIPT, k=k)
+            if self.grounded:
+                demo = template.format(profile=DEMO_GROUNDED_PROFILE, mask=MASK, transcript=DEMO_GROUNDED_TRANSCRIPT,
+                                       k=k, results=DEMO_GROUNDED_RESULTS)
+                reply: Any = DEMO_GROUNDED_TASKS
+            else:
+                demo = template.format(profile=DEMO_PROFILE, mask=MASK, transcript=DEMO_TRANSCRIPT, k=k)
+                reply = {"tasks": DEMO_TASKS[:k]}
             messages += [{"role": "user", "content": demo},
-                         {"role": "assistant", "content": json.dumps(DEMO_TASKS[:k], ensure_ascii=False)}]
+                         {"role": "assistant", "content": json.dumps(reply, ensure_ascii=False)}]
         return [*messages, {"role": "user", "content": user}]
 
     def summarize(self, seed: Task, trajectory: Trajectory) -> SummaryOutcome:
-        """Ask, parse (with retries) and build objectives; raises only LLMError (the server failed)."""
+        """Ask, parse (with retries), check proofs (grounded profiles) and build objectives; raises only
+        LLMError (the server failed)."""
         limit = self.section.tasks_per_exploration
+        grounded = self.grounded
         rejected: list[int] = [0]
-
-        forbidden = DEMO_TEXTS if self.section.demonstrations else ()
+        forbidden: tuple[str, ...] = ()
+        if self.section.demonstrations:
+            forbidden = DEMO_GROUNDED_TEXTS if grounded else DEMO_TEXTS
 
         def parse(text: str) -> list:
-            parsed = parse_summary(text, limit, forbidden=forbidden)
+            parsed = parse_summary(text, limit, forbidden=forbidden, grounded=grounded)
             rejected[0] += len(parsed.rejected)
             return parsed.items
 
-        reply = ask_parsed(self.client, self.messages(trajectory), parse, self.section.parse_retries)
+        reply = ask_parsed(self.client, self.messages(trajectory), parse, self.section.parse_retries,
+                           schema=summary_schema(limit, grounded))
         outcome = SummaryOutcome(objectives=[], replies=reply.replies, unparsed_replies=reply.failures,
-                                 rejected_items=rejected[0], errors=reply.errors)
+                                 rejected_items=rejected[0], errors=reply.errors, structured_replies=reply.structured,
+                                 format_fallbacks=reply.format_fallbacks)
+        record = observations(trajectory) if grounded else []
         for item in reply.value or []:
+            metadata: dict[str, Any] = {"exploration": f"{seed.task_id}#{trajectory.rollout_id}"}
+            if grounded:
+                assert self.deps.profile.answers is not None
+                proof = prove(item.query, item.answer, record, self.deps.profile.answers)
+                outcome.proofs["checked"] += 1
+                if not proof.proved:
+                    outcome.proofs[f"rejected_{proof.reason}"] += 1
+                    outcome.errors.append(f"unproved answer {item.answer!r} ({proof.reason}): {proof.detail}")
+                    continue
+                outcome.proofs["proved"] += 1
+                metadata.update(evidence=item.evidence, proof=proof.metadata())
             task = Task(
                 task_id=synthetic_task_id(seed.task_id, item.query), env_type=seed.env_type, query=item.query,
-                ground_truth=item.answer, open_query=item.answer is None,
-                evaluator=self.section.grader.synthetic_grader,
-                metadata={"exploration": f"{seed.task_id}#{trajectory.rollout_id}"},
+                ground_truth=item.answer, open_query=item.answer is None, evaluator=self.deps.synthetic_grader,
+                metadata=metadata,
             )
             outcome.objectives.append(TaskObjective(task=task, source="synthetic", seed_task_id=seed.task_id,
-                                                    confidence=item.confidence))
+                                                    confidence=getattr(item, "confidence", None)))
         return outcome

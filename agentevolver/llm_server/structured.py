@@ -1,0 +1,250 @@
+"""``response_format`` -> a grammar every generated token must follow (structured outputs).
+
+Why: the framework's LLM roles ask for JSON, and a small model writes it 0-20% of the time when only asked
+(docs/llm_server.md, "Structured outputs"). Servers users run (vLLM, SGLang, hosted APIs) accept
+``response_format: {"type": "json_schema", ...}`` and guarantee the shape by masking, at every step, the
+tokens that cannot continue a valid reply; this module does the same for the local server with
+`xgrammar <https://github.com/mlc-ai/xgrammar>`_, the library vLLM and SGLang use (chosen over llguidance by
+measurement: ``bench/grammar_backends.py``).
+
+What it does: check the requested schema (JSON Schema's own rules, then the keywords the grammar cannot
+enforce), compile it once per distinct schema (in a worker thread, shared by concurrent requests; a schema
+with string length limits takes ~1-3 s, a plain one milliseconds), and hand out one
+:class:`GrammarConstraint` per generated choice, which the batched generator applies to that row only.
+Replies are compact JSON (no optional whitespace), which keeps them short.
+
+Every problem with a request is a 400 whose ``param`` starts with ``response_format`` and names the field.
+Without the ``serve`` extra (``pip install 'agentevolver[serve]'``) JSON formats are answered with such a
+400 too, which a client's ``auto`` structured-output switch reads as "not supported" and falls back from.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import re
+import threading
+from collections import OrderedDict
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import torch
+
+from agentevolver.llm_server.protocol import ResponseFormat, ServerError
+
+__all__ = ["UNSUPPORTED_KEYWORDS", "GrammarConstraint", "StructuredOutputs", "check_schema"]
+
+logger = logging.getLogger(__name__)
+
+#: JSON Schema keywords the grammar would silently ignore (measured on xgrammar 0.2.8): a schema using one
+#: could get replies that do not validate, so it is refused instead.
+UNSUPPORTED_KEYWORDS = frozenset({
+    "not", "if", "then", "else", "allOf", "dependentRequired", "dependentSchemas", "dependencies",
+    "uniqueItems", "contains", "minContains", "maxContains", "unevaluatedProperties", "unevaluatedItems",
+    "$dynamicRef", "$recursiveRef",
+})
+
+#: Keywords whose value is one subschema / a list of them / a name -> subschema map (where the walk goes).
+_ONE = ("items", "additionalProperties", "propertyNames", "additionalItems")
+_MANY = ("prefixItems", "anyOf", "oneOf")
+_NAMED = ("properties", "patternProperties", "$defs", "definitions")
+
+#: Distinct compiled schemas kept (oldest dropped first); roles send a handful.
+CACHE_ENTRIES = 128
+
+_XGRAMMAR_LOCATION = re.compile(r"^\[[\d:]+\] \S+:\d+: ")
+_SCHEMA_PARAM = "response_format.json_schema.schema"
+
+
+def check_schema(schema: Any) -> None:
+    """Raise a 400 naming the field when ``schema`` is not a valid JSON Schema or uses a keyword the grammar
+    cannot enforce (:data:`UNSUPPORTED_KEYWORDS`)."""
+    import jsonschema
+
+    if not isinstance(schema, dict):
+        raise ServerError(400, f"{_SCHEMA_PARAM} must be a JSON object (a JSON Schema); got "
+                               f"{type(schema).__name__}", param=_SCHEMA_PARAM)
+    try:
+        jsonschema.Draft202012Validator.check_schema(schema)
+    except jsonschema.SchemaError as err:
+        where = _dotted(_SCHEMA_PARAM, err.absolute_path)
+        raise ServerError(400, f"{where}: {err.message} (not a valid JSON Schema)", param=where) from None
+    for path, keyword in _unsupported(schema, ()):
+        where = _dotted(_SCHEMA_PARAM, (*path, keyword))
+        raise ServerError(
+            400, f"{where}: the JSON Schema keyword {keyword!r} is not supported by this server's constrained "
+                 f"decoding (it would not be enforced); unsupported: {', '.join(sorted(UNSUPPORTED_KEYWORDS))}",
+            param=where,
+        )
+
+
+def _unsupported(schema: Any, path: tuple[Any, ...]) -> Iterator[tuple[tuple[Any, ...], str]]:
+    """(path, keyword) of every unsupported keyword in ``schema`` and its subschemas."""
+    if not isinstance(schema, dict):
+        return
+    for keyword in schema:
+        if keyword in UNSUPPORTED_KEYWORDS:
+            yield path, keyword
+    for keyword in _ONE:
+        if isinstance(schema.get(keyword), dict):
+            yield from _unsupported(schema[keyword], (*path, keyword))
+    for keyword in _MANY:
+        for index, sub in enumerate(schema.get(keyword) or []):
+            yield from _unsupported(sub, (*path, keyword, index))
+    for keyword in _NAMED:
+        for name, sub in (schema.get(keyword) or {}).items():
+            yield from _unsupported(sub, (*path, keyword, name))
+
+
+#: Oldest xgrammar whose masks this server was tested with (0.2.3, the version vLLM 0.24 pins, failed the
+#: temperature-1.0 schema test with rows that allowed no token).
+MIN_XGRAMMAR = (0, 2, 8)
+
+
+def _version(package: str) -> tuple[int, ...]:
+    from importlib.metadata import version
+
+    return tuple(int(part) for part in re.findall(r"\d+", version(package))[:3])
+
+
+def _dotted(prefix: str, parts: Sequence[Any]) -> str:
+    return ".".join([prefix, *(str(part) for part in parts)])
+
+
+class GrammarConstraint:
+    """One row's grammar state: masks the tokens that cannot continue a valid reply, and advances.
+
+    Besides the grammar it bans every token whose text holds a raw control character (U+0000-U+001F):
+    compact JSON never needs one (a newline in a string is written ``\\n``), and xgrammar 0.2.8's rule for
+    length-limited strings lets them through, which would make ``json.loads`` reject the reply.
+    """
+
+    def __init__(self, matcher: Any, xgr: Any, vocab_size: int, banned: torch.Tensor) -> None:
+        self._matcher = matcher
+        self._xgr = xgr
+        self._bitmask = xgr.allocate_token_bitmask(1, vocab_size)
+        self._banned = banned
+
+    def mask(self, scores: torch.Tensor) -> None:
+        if self._matcher.is_terminated():
+            return  # the reply is complete; the row ends on the EOS the grammar allowed
+        self._matcher.fill_next_token_bitmask(self._bitmask, 0)
+        row = scores.unsqueeze(0)
+        self._xgr.apply_token_bitmask_inplace(row, self._bitmask)
+        grammar_only = row.clone() if bool(self._banned.any()) else None
+        scores.masked_fill_(self._banned, float("-inf"))
+        if grammar_only is not None and not bool(torch.isfinite(scores).any()):
+            scores.copy_(grammar_only[0])  # never leave a row without a token to choose
+
+    def accept(self, token: int) -> None:
+        if not self._matcher.is_terminated() and not self._matcher.accept_token(token):
+            logger.warning("structured output: the grammar rejected token %d it had allowed", token)
+
+
+class StructuredOutputs:
+    """Grammars for one served model (its tokenizer and EOS ids); built lazily on the first JSON request.
+
+    Args:
+        tokenizer: the model's Hugging Face tokenizer.
+        vocab_size: rows of the model's logits (may exceed the tokenizer's length).
+        stop_token_ids: the tokens that end a reply (the grammar allows them once the JSON is complete).
+        token_texts: decoded text of every vocabulary id (the engine has it already).
+        special_ids: special tokens, never banned (EOS is one).
+    """
+
+    def __init__(self, tokenizer: Any, *, vocab_size: int, stop_token_ids: Sequence[int],
+                 token_texts: Sequence[str], special_ids: frozenset[int]) -> None:
+        self._tokenizer = tokenizer
+        self._vocab_size = vocab_size
+        self._stop_ids = list(stop_token_ids)
+        self._token_texts = token_texts
+        self._special_ids = special_ids
+        self._compiler: Any = None
+        self._xgr: Any = None
+        self._banned: torch.Tensor | None = None
+        self._setup_lock = threading.Lock()
+        self._cache: OrderedDict[str, asyncio.Future[Any]] = OrderedDict()
+        self.stats = {"compiled": 0, "cache_hits": 0, "constrained_choices": 0, "rejected_formats": 0}
+
+    async def grammar_for(self, response_format: ResponseFormat | None) -> Any | None:
+        """The compiled grammar ``response_format`` asks for, or None for plain text; a 400 when refused."""
+        if response_format is None or response_format.type == "text":
+            return None
+        if response_format.type == "json_object":
+            schema: dict[str, Any] = {"type": "object"}
+        else:
+            assert response_format.json_schema is not None  # the request model requires it
+            schema = response_format.json_schema.schema_
+            try:
+                check_schema(schema)
+            except ServerError:
+                self.stats["rejected_formats"] += 1
+                raise
+        key = json.dumps(schema)  # property order is kept: it is the order the reply writes the fields in
+        future = self._cache.get(key)
+        if future is not None and not (future.done() and future.exception() is not None):
+            self._cache.move_to_end(key)
+            self.stats["cache_hits"] += 1
+            return await asyncio.shield(future)
+        future = asyncio.ensure_future(asyncio.to_thread(self._compile, key))
+        self._cache[key] = future
+        while len(self._cache) > CACHE_ENTRIES:
+            self._cache.popitem(last=False)
+        try:
+            grammar = await asyncio.shield(future)
+        except ServerError:
+            self._cache.pop(key, None)
+            self.stats["rejected_formats"] += 1
+            raise
+        self.stats["compiled"] += 1
+        return grammar
+
+    def constraint(self, grammar: Any) -> GrammarConstraint:
+        """A fresh per-choice state for ``grammar`` (a matcher serves one sequence)."""
+        assert self._xgr is not None and self._banned is not None
+        self.stats["constrained_choices"] += 1
+        return GrammarConstraint(self._xgr.GrammarMatcher(grammar), self._xgr, self._vocab_size, self._banned)
+
+    # -- worker thread -------------------------------------------------------------------------------------
+
+    def _compile(self, schema_json: str) -> Any:
+        compiler = self._ensure_compiler()
+        try:
+            return compiler.compile_json_schema(schema_json, any_whitespace=False)
+        except RuntimeError as err:  # xgrammar reports what it cannot build as RuntimeError("[time] file:line: why")
+            reason = _XGRAMMAR_LOCATION.sub("", str(err).strip())
+            raise ServerError(400, f"{_SCHEMA_PARAM}: this server cannot build a grammar from the schema: {reason}",
+                              param=_SCHEMA_PARAM) from None
+
+    def _ensure_compiler(self) -> Any:
+        with self._setup_lock:
+            if self._compiler is None:
+                try:
+                    import xgrammar
+                except ImportError:
+                    raise ServerError(
+                        400, "response_format json_object / json_schema needs the grammar library of the 'serve' "
+                             "extra, which is not installed on this server (pip install 'agentevolver[serve]'); "
+                             "send response_format {'type': 'text'} or leave it out",
+                        param="response_format",
+                    ) from None
+                found = _version("xgrammar")
+                if found < MIN_XGRAMMAR:
+                    raise ServerError(
+                        400, f"response_format json_object / json_schema needs xgrammar >= "
+                             f"{'.'.join(map(str, MIN_XGRAMMAR))} on this server (found {'.'.join(map(str, found))}, "
+                             "whose masks produced rows with no allowed token in our tests; vLLM pins it on GPU "
+                             "machines, where vLLM itself should serve the roles); send response_format "
+                             "{'type': 'text'} or leave it out",
+                        param="response_format",
+                    )
+                info = xgrammar.TokenizerInfo.from_huggingface(
+                    self._tokenizer, vocab_size=self._vocab_size, stop_token_ids=self._stop_ids)
+                self._banned = torch.tensor([
+                    i not in self._special_ids and any(ord(ch) < 0x20 for ch in text)
+                    for i, text in enumerate(self._token_texts)
+                ] + [False] * (self._vocab_size - len(self._token_texts)), dtype=torch.bool)
+                self._xgr = xgrammar
+                self._compiler = xgrammar.GrammarCompiler(info, max_threads=2)
+            return self._compiler
