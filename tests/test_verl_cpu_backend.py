@@ -126,7 +126,7 @@ def test_plugin_registrations_in_this_process():
         assert callable(getattr(device, name)), name
     assert device.current_device() == "cpu"
     assert patches.is_applied()
-    assert EngineRegistry.get_engine_cls("language_model", "fsdp2").__name__ == "FSDPEngineWithLMHead"
+    assert EngineRegistry.get_engine_cls("language_model", "fsdp2").__name__ == "SharedPromptFSDPEngine"
 
 
 def test_device_module_has_every_attribute_verl_calls():

@@ -5,7 +5,10 @@ its FSDP engines (``verl.workers.engine.fsdp.transformer_impl``) are registered 
 only, so on the ``cpu`` platform a worker fails with "No engine registered for device='cpu'". The engines
 themselves are device-agnostic (they place tensors with ``get_device_name()``/``get_device_id()``, which
 the ``cpu`` platform answers), and FSDP2 (``strategy: fsdp2``) shards and trains over gloo on CPU. This
-module adds the same classes under ``device="cpu"`` through verl's public ``EngineRegistry.register``.
+module adds them under ``device="cpu"`` through verl's public ``EngineRegistry.register``: the value-head
+engine as it is, the LM-head engine as its subclass ``SharedPromptFSDPEngine``
+(:func:`agentevolver.verl.shared_prefix.engine.engine_class`), which is verl's engine unless a
+micro-batch carries ``use_prefix_grouper`` (then each GRPO group's shared prompt is computed once).
 
 :func:`register` imports the engine module (transformers, FSDP: about 1.5 s), so the verl plugin calls it
 from an import hook when a process imports that module anyway, not at ``import verl``.
@@ -22,7 +25,7 @@ _registered = False
 
 
 def register() -> list[str]:
-    """Register verl's FSDP LM-head and value-head engines for device ``cpu`` (idempotent).
+    """Register verl's FSDP LM-head (shared-prompt subclass) and value-head engines for ``cpu`` (idempotent).
 
     Returns the ``model_type`` keys registered by this call (empty when already registered).
     """
@@ -30,9 +33,11 @@ def register() -> list[str]:
     if _registered:
         return []
     from verl.workers.engine.base import EngineRegistry
-    from verl.workers.engine.fsdp.transformer_impl import FSDPEngineWithLMHead, FSDPEngineWithValueHead
+    from verl.workers.engine.fsdp.transformer_impl import FSDPEngineWithValueHead
 
-    engines = {"language_model": FSDPEngineWithLMHead, "value_model": FSDPEngineWithValueHead}
+    from agentevolver.verl.shared_prefix.engine import engine_class
+
+    engines = {"language_model": engine_class(), "value_model": FSDPEngineWithValueHead}
     for model_type, engine in engines.items():
         EngineRegistry.register(model_type=model_type, backend=_BACKENDS, device="cpu")(engine)
     _registered = True
