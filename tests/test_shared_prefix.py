@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from omegaconf import DictConfig
 from env_service_fixture import env_service
 from training_fixture import run_training, training_command, training_timeout
 
@@ -324,10 +325,66 @@ def test_two_updates_with_switch_on_match_switch_off(model_path, batch):
         assert (weights_on[name] - weight).abs().max() <= 0.05 * 2 * 1e-3, name
 
 
+# ---------------------------------------------------------------- the switch, checked on the driver
+def _switch_config(**values: object) -> DictConfig:
+    from agentevolver.config import load_config
+
+    cfg, _ = load_config([f"{key}={value}" for key, value in values.items()])
+    return cfg
+
+
+def test_the_trainer_and_the_engine_use_one_switch_name() -> None:
+    from agentevolver.verl.shared_prefix.engine import SWITCH
+    from agentevolver.verl.trainer import SHARED_PROMPTS
+
+    assert SHARED_PROMPTS == SWITCH == "use_prefix_grouper"
+
+
+def test_the_cpu_backend_shares_prompts_and_its_sizes_keep_groups_whole() -> None:
+    from agentevolver.verl.shared_prefix.checks import check_shared_prompts
+
+    cfg = _switch_config()
+    assert cfg.actor_rollout_ref.actor.use_prefix_grouper is True
+    assert check_shared_prompts(cfg) == []
+    quickstart = _switch_config(**{
+        "actor_rollout_ref.rollout.n": 4, "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu": 4,
+        "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu": 8,
+        "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu": 8})
+    assert check_shared_prompts(quickstart) == []
+
+
+@pytest.mark.parametrize(("values", "fragment"), [
+    ({"actor_rollout_ref.model.override_config.attn_implementation": "flash_attention_2"},
+     "actor_rollout_ref.model.override_config.attn_implementation is 'flash_attention_2'"),
+    ({"actor_rollout_ref.model.use_fused_kernels": "true"}, "use_fused_kernels=true"),
+])
+def test_settings_the_shared_forward_cannot_serve_are_refused_before_training(values: dict, fragment: str) -> None:
+    from agentevolver.errors import ConfigError
+    from agentevolver.verl.shared_prefix.checks import check_shared_prompts
+
+    with pytest.raises(ConfigError, match="use_prefix_grouper=true") as info:
+        check_shared_prompts(_switch_config(**values))
+    assert fragment in str(info.value)
+    off = {**values, "actor_rollout_ref.actor.use_prefix_grouper": "false"}
+    assert check_shared_prompts(_switch_config(**off)) == []
+
+
+def test_settings_that_split_groups_are_warnings() -> None:
+    from agentevolver.verl.shared_prefix.checks import check_shared_prompts
+
+    warnings = check_shared_prompts(_switch_config(**{
+        "actor_rollout_ref.rollout.n": 4, "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu": 2,
+        "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu": 8,
+        "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu": 8, "actor_rollout_ref.actor.shuffle": "true"}))
+    assert len(warnings) == 2
+    assert "ppo_micro_batch_size_per_gpu=2 is not a multiple of actor_rollout_ref.rollout.n=4" in warnings[0]
+    assert "shuffle=true" in warnings[1]
+    single = check_shared_prompts(_switch_config(**{"actor_rollout_ref.rollout.n": 1}))
+    assert len(single) == 1 and "no two samples share a prompt" in single[0]
+
+
 # ---------------------------------------------------------------- end to end (python -m agentevolver.main_ppo)
 @training_timeout
-@pytest.mark.skip(reason="waits for the trainer to put actor.use_prefix_grouper into the batch's meta_info for "
-                         "the old-log-prob, reference and update passes (issue 21 wiring, agentevolver/verl/trainer.py)")
 @pytest.mark.parametrize("share", [True, False])
 def test_two_step_run_with_switch_on_and_off(tmp_path: Path, share: bool):
     """2 steps of GRPO (tiny-test, groups of 4, micro-batches of one group, KL loss so the reference pass runs).
@@ -348,6 +405,10 @@ def test_two_step_run_with_switch_on_and_off(tmp_path: Path, share: bool):
     steps = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert len(steps) == 2
     for metrics in steps:
+        ratio = [value for key, value in metrics.items() if key.endswith("shared_prompt_token_ratio")]
+        assert len(ratio) == 1, sorted(metrics)
+        # on: a group of 4 forwards its prompt once (< 0.9 of the tokens); off: verl's forward, every token
+        assert (ratio[0] < 0.9) if share else (ratio[0] == 1.0), ratio
         assert abs(metrics["rollout_corr/log_ppl_diff_max"]) <= 1e-4, metrics["rollout_corr/log_ppl_diff_max"]
         assert metrics["actor/grad_norm"] > 0
         assert torch.isfinite(torch.tensor(metrics["actor/pg_loss"]))

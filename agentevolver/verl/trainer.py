@@ -51,8 +51,12 @@ from agentevolver.module.exp_manager.manager import ExperienceManager
 from agentevolver.verl.episode_metrics import episode_metrics
 from agentevolver.verl.rollout_manager import ExperienceRolloutManager, initial_rollouts
 from agentevolver.verl.sample_rows import expand_sample_rows, minibatch_rows, refusal
+from agentevolver.verl.shared_prefix.checks import check_shared_prompts
 
-__all__ = ["AgentEvolverTrainer", "check_stages", "dump_records", "exp_token_mask"]
+#: ``meta_info`` key that turns the engines' shared-prompt forward on for a pass (verl's actor config key name).
+SHARED_PROMPTS = "use_prefix_grouper"
+
+__all__ = ["SHARED_PROMPTS", "AgentEvolverTrainer", "check_stages", "dump_records", "exp_token_mask"]
 
 logger = logging.getLogger(__name__)
 
@@ -158,6 +162,25 @@ class AgentEvolverTrainer(RayPPOTrainer):
         logger.info("init_exp_only: memory %r built (%d experiences stored); not training, as configured",
                     self._exp.workspace_id, int(metrics["exp/summary_stored"]))
 
+    # ------------------------------------------------------------------ shared prompts
+    def _share_prompts(self, batch: DataProto) -> DataProto:
+        """Ask the actor/reference engines to compute each GRPO group's prompt once in this pass.
+
+        verl's switch ``actor_rollout_ref.actor.use_prefix_grouper`` (already read by verl's ``_balance_batch``
+        to keep groups together) travels to the workers in ``meta_info``, which verl turns into every
+        micro-batch's non-tensor data; the engine (:mod:`agentevolver.verl.shared_prefix.engine`) then groups
+        samples whose prompt tokens are identical. Off, the key is absent and verl's own forward runs.
+        """
+        if getattr(self, "use_prefix_grouper", False):
+            batch.meta_info[SHARED_PROMPTS] = True
+        return batch
+
+    def _compute_old_log_prob(self, batch: DataProto):  # noqa: ANN202 (verl's own return: (DataProto, float))
+        return super()._compute_old_log_prob(self._share_prompts(batch))
+
+    def _compute_ref_log_prob(self, batch: DataProto) -> DataProto:
+        return super()._compute_ref_log_prob(self._share_prompts(batch))
+
     # ------------------------------------------------------------------ the update's stages
     def _update_actor(self, batch: DataProto) -> DataProto:
         """Stages 5-11 of the step (module docstring), on the episode rows verl hands over."""
@@ -176,7 +199,7 @@ class AgentEvolverTrainer(RayPPOTrainer):
         with self._stage("exp_mask"):
             exp_token_mask(rows, self.config.exp_manager.off_cliprange_high)
         with self._stage("actor_update"):
-            output = super()._update_actor(rows)
+            output = super()._update_actor(self._share_prompts(rows))
         with self._stage("memory_summary"):
             if self._exp is not None:
                 metrics.update(self.async_rollout_manager.last_plan)
@@ -232,6 +255,7 @@ def check_stages(config: Any, settings: Any, *, use_critic: bool) -> None:
     if reason:
         raise ConfigError(reason)
     AdcaStage(config, 1, settings=settings)  # its checks (estimator) run in the constructor; no client is built
+    check_shared_prompts(config)
 
 
 def _pad_id(tokenizer: Any) -> int:

@@ -39,7 +39,7 @@ from agentevolver.verl.shared_prefix.layout import (
     response_outputs,
 )
 
-__all__ = ["SWITCH", "SharedPromptMixin", "engine_class", "sharing_plan"]
+__all__ = ["SWITCH", "TOKEN_SHARE", "SharedPromptMixin", "engine_class", "sharing_plan"]
 
 logger = logging.getLogger(__name__)
 
@@ -49,6 +49,8 @@ SWITCH = "use_prefix_grouper"
 #: Micro-batch options the grouped rows cannot serve; any of them set keeps verl's own forward.
 _UNSUPPORTED_OPTIONS = ("use_fused_kernels", "distillation_use_topk", "distillation_only", "calculate_sum_pi_squared")
 _PLAN = "shared_prompt_plan"
+#: Update metric (``actor/`` prefixed by verl): the micro-batches' forwarded tokens over the unshared count.
+TOKEN_SHARE = "shared_prompt_token_ratio"
 _logged = False
 
 
@@ -88,6 +90,9 @@ class SharedPromptMixin:
     """The overrides of ``FSDPEngineWithLMHead`` (combined with it by :func:`engine_class`): micro-batches with
     ``use_prefix_grouper`` compute shared prompts once, every other call goes to verl's methods."""
 
+    #: Token ratio of the micro-batch being stepped (None: verl's own forward ran).
+    _shared_tokens: float | None = None
+
     def _shares(self, micro_batch: TensorDict) -> bool:
         if not tu.get_non_tensor_data(data=micro_batch, key=SWITCH, default=False):
             return False
@@ -97,15 +102,26 @@ class SharedPromptMixin:
         check_attention(getattr(self.module.config, "_attn_implementation", None) or "eager")
         return True
 
+    def forward_step(self, micro_batch: TensorDict, loss_function, forward_only):
+        """verl's step, plus the update's metric :data:`TOKEN_SHARE` (tokens forwarded / tokens the unshared
+        pass would forward: 1.0 where nothing was shared), so a run shows that its prompts were shared."""
+        self._shared_tokens = None
+        loss, output = super().forward_step(micro_batch, loss_function, forward_only)
+        metrics = output.get("metrics") if isinstance(output, dict) else None
+        if loss_function is not None and isinstance(metrics, dict):
+            metrics[TOKEN_SHARE] = self._shared_tokens if self._shared_tokens is not None else 1.0
+        return loss, output
+
     def prepare_model_inputs(self, micro_batch: TensorDict):
         plan = sharing_plan(micro_batch, tu.get_non_tensor_data(data=micro_batch, key="pad_token_id", default=0)) \
             if self._shares(micro_batch) else None
         if plan is None:
             return super().prepare_model_inputs(micro_batch)
+        unshared = int(micro_batch["input_ids"].offsets()[-1])
+        self._shared_tokens = plan.tokens / max(unshared, 1)
         global _logged
         if not _logged:
             _logged = True
-            unshared = int(micro_batch["input_ids"].offsets()[-1])
             logger.info("shared prompts: %d samples in %d rows, %d tokens instead of %d (first such micro-batch "
                         "of this process)", plan.num_samples, len(plan.groups), plan.tokens, unshared)
         return model_inputs(self.module, plan), {_PLAN: plan}
