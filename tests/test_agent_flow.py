@@ -127,6 +127,20 @@ def check_invariants(result: EpisodeResult) -> None:
         assert policy_steps == sorted(policy_steps)
 
 
+# ----------------------------------------------------------------------------------------- stop tokens
+@pytest.mark.parametrize(("parser", "stop_ids"), [
+    ("hermes", None),  # declares none: the request carries no stop_token_ids
+    ("kimi", [2]),  # <|im_end|>, id 2 in tiny-test's vocabulary
+    ("gpt-oss", None),  # <|call|> is not one token of tiny-test's vocabulary: skipped, not sent as garbage
+])
+async def test_the_parsers_stop_tokens_reach_every_generation(env: EnvClient, parser: str,
+                                                              stop_ids: list[int] | None) -> None:
+    policy = ScriptedPolicy(["hello there", "bye"])
+    await run_one(make_flow(env, policy, tools={"tool_parser": parser}))
+    assert len(policy.calls) == 2
+    assert all(call["params"].get("stop_token_ids") == stop_ids for call in policy.calls)
+
+
 # ----------------------------------------------------------------------------------------- terminations
 async def test_finished_episode_is_token_exact_and_renders_like_the_template(env: EnvClient, service: str) -> None:
     policy = ScriptedPolicy(["hello there", "bye"])

@@ -21,9 +21,7 @@ import os
 import signal
 import time
 import uuid
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
-from types import FrameType
+from collections.abc import Callable
 
 from rich.console import Console
 from rich.text import Text
@@ -34,6 +32,7 @@ from agentevolver.experiments.report import collect
 from agentevolver.experiments.state import RunState, final_step_logged
 from agentevolver.launcher.processes import Unit, exit_status, start_unit, stop_units, sweep_launch
 from agentevolver.launcher.services import tail
+from agentevolver.launcher.signals import SignalFlags
 
 __all__ = ["SERVICES_FAILED", "Runner"]
 
@@ -52,28 +51,6 @@ class _Interrupted(Exception):
     pass
 
 
-class _Signals:
-    """SIGINT/SIGTERM are counted; the polling loops forward them to the running launcher."""
-
-    def __init__(self) -> None:
-        self.first: int | None = None
-        self.count = 0
-
-    def handle(self, signum: int, _frame: FrameType | None) -> None:
-        self.count += 1
-        if self.first is None:
-            self.first = signum
-
-    @contextmanager
-    def installed(self) -> Iterator[_Signals]:
-        previous = {sig: signal.signal(sig, self.handle) for sig in (signal.SIGINT, signal.SIGTERM)}
-        try:
-            yield self
-        finally:
-            for sig, handler in previous.items():
-                signal.signal(sig, handler)
-
-
 class Runner:
     """Carries out an :class:`AblationPlan` whose runs are composed (``plan.compose_runs``)."""
 
@@ -81,7 +58,7 @@ class Runner:
         self.plan = plan
         self.after_run = after_run
         self.console = console
-        self.signals = _Signals()
+        self.signals = SignalFlags()
         self.launch_id = uuid.uuid4().hex  # the launchers we start carry it (their own children get theirs)
         self.logs = plan.out / "logs"
         self.services: Unit | None = None
@@ -104,16 +81,16 @@ class Runner:
             try:
                 self.start_services()
                 for index, run in enumerate(todo, 1):
-                    if self.signals.first is not None:
+                    if self.signals.received is not None:
                         raise _Interrupted
                     code = self.run_one(run, f"[{index}/{len(todo)}]")
                     self.after_run()
-                    if self.signals.first is not None:
+                    if self.signals.received is not None:
                         raise _Interrupted
                     if code != 0:
                         failed.append(run.key)
             except _Interrupted:
-                signum = self.signals.first or signal.SIGINT
+                signum = self.signals.received or signal.SIGINT
                 self.stop_services()
                 self.say(f"{signal.Signals(signum).name} received: stopped; run the same command again to go on "
                          "(finished runs are not redone)", "bold yellow")
@@ -141,7 +118,7 @@ class Runner:
         self.services = start_unit("services", self.plan.hold_argv, env={**os.environ, PARENT_ENV: str(os.getpid())},
                                    launch_id=self.launch_id, log_path=log)
         while not ready.exists():
-            if self.signals.first is not None:
+            if self.signals.received is not None:
                 raise _Interrupted
             if self.services.process.poll() is not None:
                 code = exit_status(self.services.process.returncode)
@@ -190,7 +167,7 @@ class Runner:
         if code == 0 and complete:
             state.end(code, wall, "done")
             self.say(f"{run.key}: done in {wall / 60:.1f} min; {describe_run(self.plan, run)}", "bold green")
-        elif self.signals.first is not None:
+        elif self.signals.received is not None:
             state.end(code, wall, "stopped")
         else:
             reason = (f"exited 0 but {run.run_dir / 'metrics.jsonl'} has no line for the final step "

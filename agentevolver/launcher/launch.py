@@ -18,9 +18,6 @@ import signal
 import sys
 import time
 import uuid
-from collections.abc import Iterator
-from contextlib import contextmanager
-from types import FrameType
 
 import httpx
 from omegaconf import DictConfig
@@ -33,6 +30,7 @@ from agentevolver.launcher.plan import DEFAULT_TARGET, LaunchPlan
 from agentevolver.launcher.processes import Unit, exit_status, start_unit, stop_units, sweep_launch
 from agentevolver.launcher.record import RunRecord
 from agentevolver.launcher.services import ServicePlan, is_local_host, port_in_use, probe, tail
+from agentevolver.launcher.signals import Interrupted, SignalFlags
 
 __all__ = ["SERVICE_FAILED", "LaunchError", "launch"]
 
@@ -49,48 +47,9 @@ class LaunchError(AgentEvolverError):
     """A service could not be started or did not become healthy; the message says which and where."""
 
 
-class _Interrupted(Exception):
-    def __init__(self, signum: int) -> None:
-        super().__init__(signal.Signals(signum).name)
-        self.signum = signum
-
-
-class _Signals:
-    """SIGINT/SIGTERM set flags: the first asks for a shutdown; one received while shutting down hurries it."""
-
-    def __init__(self) -> None:
-        self.received: int | None = None
-        self.count = 0
-        self.count_at_shutdown: int | None = None
-
-    def handle(self, signum: int, _frame: FrameType | None) -> None:
-        self.count += 1
-        if self.received is None:
-            self.received = signum
-
-    def check(self) -> None:
-        if self.received is not None:
-            raise _Interrupted(self.received)
-
-    def shutting_down(self) -> None:
-        self.count_at_shutdown = self.count
-
-    def hurry(self) -> bool:
-        return self.count_at_shutdown is not None and self.count > self.count_at_shutdown
-
-    @contextmanager
-    def installed(self) -> Iterator[_Signals]:
-        previous = {sig: signal.signal(sig, self.handle) for sig in (signal.SIGINT, signal.SIGTERM)}
-        try:
-            yield self
-        finally:
-            for sig, handler in previous.items():
-                signal.signal(sig, handler)
-
-
 class _Launch:
     def __init__(self, plan: LaunchPlan, settings: AgentEvolverSettings, console: Console,
-                 signals: _Signals) -> None:
+                 signals: SignalFlags) -> None:
         self.plan = plan
         self.settings = settings
         self.launcher = settings.launcher
@@ -238,7 +197,7 @@ class _Launch:
 def launch(plan: LaunchPlan, cfg: DictConfig, settings: AgentEvolverSettings, *, command_line: list[str],
            console: Console) -> int:
     """Run the launch; returns the exit status (the training run's, or see the module docstring)."""
-    signals = _Signals()
+    signals = SignalFlags()
     with signals.installed():
         run = _Launch(plan, settings, console, signals)
         try:
@@ -261,7 +220,7 @@ def launch(plan: LaunchPlan, cfg: DictConfig, settings: AgentEvolverSettings, *,
         except LaunchError as err:
             say(console, str(err), "error")
             code = SERVICE_FAILED
-        except _Interrupted as stop:
+        except Interrupted as stop:
             run.say(f"{stop} received: shutting down")
             code = 128 + stop.signum
         finally:

@@ -133,6 +133,9 @@ class AgentFlow:
         import_tool_modules(config.tool_modules)
         self.registry = tool_registry if tool_registry is not None else default_registry()
         self.parser = config.tools.make_parser()
+        #: The parser's own stop tokens (a call closed by a token that is not EOS, e.g. GLM's
+        #: ``<|observation|>``): sent with every generation so the model stops where its tool must answer.
+        self.stop_token_ids: list[int] = self.parser.stop_token_ids(tokenizer) if tokenizer is not None else []
         self.clipper = clipper
         if config.context_template == "self_clip" and clipper is None:
             raise ConfigError("agent_flow.context_template=self_clip needs the context_clipper LLM role "
@@ -208,6 +211,8 @@ class AgentFlow:
                 max_tokens = min(max_tokens, config.max_tokens_per_turn)
             params = {**sampling_params, "max_tokens": max_tokens}
             params.setdefault("logprobs", True)
+            if self.stop_token_ids:
+                params["stop_token_ids"] = sorted({*(params.get("stop_token_ids") or ()), *self.stop_token_ids})
             output = await self._timed(state, "generate_s", self.generate(
                 request_id, prompt_ids=cm.next_prompt_ids(), sampling_params=params))
             log_probs = output.log_probs if params.get("logprobs") else None
