@@ -2,8 +2,10 @@
 
 Routes (all POST bodies are the envelope ``{env_type, task_id, instance_id, messages, params}``, all
 answers ``{success, data}``): ``/healthz``, ``/get_env_profile``, ``/create``, ``/step``, ``/evaluate``,
-``/get_info``, ``/release``; plus ``GET /envs`` (what is served) and ``GET /envs/{env_type}/tools`` (tool
-schemas in OpenAI function format). Request models come from ``agentevolver.schema``, the same ones the
+``/get_info``, ``/release``; plus ``GET /envs`` (what is served), ``GET /envs/{env_type}/tools`` (tool
+schemas in OpenAI function format), and the optional capabilities: ``GET /envs/{env_type}/capabilities``
+lists them, ``POST /step_labels`` labels a finished episode's steps GOOD/BAD where the environment can
+(:mod:`agentevolver.schema.step_labels`; an environment without it answers 400 ``capability_unsupported``). Request models come from ``agentevolver.schema``, the same ones the
 client sends, so the two cannot drift. Every error is JSON ``{success: false, error: {code, message,
 field}}`` with a 4xx/5xx status chosen in one place (``install_error_handlers`` of
 :mod:`agentevolver.service_common`, shared with the memory service); no traceback ever leaves.
@@ -24,6 +26,7 @@ from typing import Any
 from fastapi import APIRouter, Depends, FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from pydantic import BaseModel, Field
+from starlette.concurrency import run_in_threadpool
 
 from agentevolver import __version__
 from agentevolver.schema import (
@@ -37,6 +40,7 @@ from agentevolver.schema import (
     Shape,
     StepRequest,
 )
+from agentevolver.schema.step_labels import EnvCapabilities, StepLabelsData, StepLabelsRequest
 from agentevolver.service_common import error_response, install_error_handlers, read_auth_token, require_token
 from env_service import reference_shape
 from env_service.actions import read_action
@@ -139,6 +143,20 @@ def create_app(settings: ServiceSettings, env_classes: dict[str, type[BaseEnv]])
     @api.get("/envs/{env_type}/tools")
     async def env_tools(env_type: str) -> dict[str, Any]:
         return _ok(manager.env_class(env_type).tool_schemas())
+
+    @api.get("/envs/{env_type}/capabilities")
+    async def env_capabilities(env_type: str) -> dict[str, Any]:
+        cls = manager.env_class(env_type)
+        return _ok(EnvCapabilities(env_type=env_type, capabilities=cls.capabilities()).model_dump())
+
+    @api.post("/step_labels")
+    async def step_labels(body: StepLabelsRequest) -> dict[str, Any]:
+        # Class-level and pure: no instance (the episode's is released); off the event loop, since an
+        # environment may replay tools to label.
+        cls = manager.env_class(body.env_type)
+        labels = await run_in_threadpool(cls.label_steps, body.task_id, body.messages, body.params)
+        data = StepLabelsData(env_type=body.env_type, task_id=body.task_id, labels=labels)
+        return _ok(data.model_dump())
 
     @api.post("/get_env_profile")
     async def get_env_profile(body: ProfileRequest) -> dict[str, Any]:

@@ -18,9 +18,28 @@ from typing import Any, ClassVar, Literal
 from pydantic import BaseModel, Field
 
 from agentevolver.schema import ChatMessage
-from env_service.errors import UnknownSplit
+from agentevolver.schema.step_labels import STEP_LABELS, StepLabel
+from env_service.errors import EnvServiceError, UnknownSplit
 
 Isolation = Literal["inline", "process", "ray"]
+
+
+class CapabilityUnsupported(EnvServiceError):
+    """The environment does not offer an optional capability (e.g. ``step_labels``) the request asks for.
+
+    A 4xx, not a 5xx: asking again cannot help, and the client must not retry it.
+    """
+
+    status = 400
+    code = "capability_unsupported"
+
+
+class CannotLabel(EnvServiceError):
+    """The environment offers step labels but not for this episode (its messages do not hold the task's
+    question, e.g. a synthetic task run on this task id, or its steps cannot be read)."""
+
+    status = 422
+    code = "cannot_label"
 
 
 class StepOutcome(BaseModel):
@@ -61,6 +80,29 @@ class BaseEnv(ABC):
     def tool_schemas(cls) -> list[dict[str, Any]] | None:
         """The tools an agent may call, in OpenAI function format; None for environments without tools."""
         return None
+
+    @classmethod
+    def capabilities(cls) -> list[str]:
+        """Optional behaviours beyond the contract, by name (served at ``GET /envs/{env_type}/capabilities``).
+
+        Derived from what the class implements, so a capability can never be advertised without its code:
+        ``step_labels`` when it overrides :meth:`label_steps`.
+        """
+        return [STEP_LABELS] if cls.label_steps.__func__ is not BaseEnv.label_steps.__func__ else []  # type: ignore[attr-defined]
+
+    @classmethod
+    def label_steps(cls, task_id: str, messages: list[ChatMessage], params: dict[str, Any]) -> list[StepLabel]:
+        """Optional (capability ``step_labels``): GOOD/BAD for every agent step of a finished episode.
+
+        Class-level because the episode's instance is gone by the time a trainer asks: the labels come from
+        the task and the recorded ``messages`` alone (steps as :func:`agentevolver.schema.step_labels.split_steps`
+        numbers them, labels for steps 0..K-1 in order). Raise :class:`CannotLabel` for an episode that cannot
+        be labelled, :class:`~env_service.errors.UnknownTask` for an unknown ``task_id``.
+        """
+        raise CapabilityUnsupported(
+            f"environment {cls.name!r} does not offer the {STEP_LABELS!r} capability (it cannot label the "
+            f"steps of an episode); use an LLM judge for it "
+            f"(attribution_driven_credit_assignment.judge.source: llm)", field="env_type")
 
     @classmethod
     def check_split(cls, split: str) -> None:

@@ -4,9 +4,9 @@ Failure policy, chosen per route by what a retry can break:
 
 * every route retries connection failures, 429 (service full) and 503, with full-jitter exponential backoff
   (these mean the request was not processed);
-* read-only routes (``get_env_profile``, ``evaluate``, ``get_info``, ``release``, ``envs``, ``tools``) also
-  retry timeouts and 500s; ``create`` retries them after releasing the half-created instance (the client
-  picks the instance id, so it can);
+* read-only routes (``get_env_profile``, ``evaluate``, ``get_info``, ``release``, ``envs``, ``tools``,
+  ``capabilities``, ``step_labels``) also retry timeouts and 500s; ``create`` retries them after releasing
+  the half-created instance (the client picks the instance id, so it can);
 * ``step`` is not idempotent, so a timeout is not retried; when a step finally fails it returns a
   *fallback observation* instead of raising, flagged ``info["fallback"] = True`` so the trainer counts it:
   non-terminal ("please retry") when the failure may be transient, terminal with
@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import logging
 import uuid
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -45,6 +45,7 @@ from agentevolver.client.http import (
     error_detail,
 )
 from agentevolver.schema import SHAPE_PARAM, ChatMessage, CreateData, StepData
+from agentevolver.schema.step_labels import EnvCapabilities, StepLabelsData, wire_messages
 
 __all__ = ["EnvClient", "EnvClientError", "EnvClientSettings"]
 
@@ -153,6 +154,23 @@ class EnvClient(ServiceClient):
     def tools(self, env_type: str) -> list[dict[str, Any]] | None:
         return self._request("GET", f"/envs/{env_type}/tools", None, True)
 
+    def capabilities(self, env_type: str) -> list[str]:
+        """Optional capabilities the environment offers (e.g. ``step_labels``); [] for none."""
+        return EnvCapabilities.model_validate(
+            self._request("GET", f"/envs/{env_type}/capabilities", None, True)).capabilities
+
+    def step_labels(self, env_type: str, task_id: str, messages: Sequence[ChatMessage | Mapping[str, Any]],
+                    params: Mapping[str, Any] | None = None) -> StepLabelsData:
+        """GOOD/BAD per agent step of a finished episode, from the environment (capability ``step_labels``).
+
+        ``messages`` is the episode as the agent flow recorded it (with ``step`` fields); no instance is
+        needed. Read-only, so retried like ``evaluate``; an environment without the capability raises
+        :class:`EnvClientError` with code ``capability_unsupported``, one that cannot label this episode
+        ``cannot_label`` (both with the service's message and field).
+        """
+        body = self._envelope(env_type, task_id, messages=wire_messages(messages), params=params)
+        return StepLabelsData.model_validate(self._request("POST", "/step_labels", body, True))
+
     def get_env_profile(self, env_type: str, split: str = "train") -> list[str]:
         """Task ids of a split."""
         return self._request("POST", "/get_env_profile", self._envelope(env_type, params={"split": split}), True)
@@ -214,6 +232,17 @@ class EnvClient(ServiceClient):
     async def atools(self, env_type: str) -> list[dict[str, Any]] | None:
         """Tool schemas the environment serves (None when it takes free text)."""
         return await self._arequest("GET", f"/envs/{env_type}/tools", None, True)
+
+    async def acapabilities(self, env_type: str) -> list[str]:
+        """Async :meth:`capabilities`."""
+        return EnvCapabilities.model_validate(
+            await self._arequest("GET", f"/envs/{env_type}/capabilities", None, True)).capabilities
+
+    async def astep_labels(self, env_type: str, task_id: str, messages: Sequence[ChatMessage | Mapping[str, Any]],
+                           params: Mapping[str, Any] | None = None) -> StepLabelsData:
+        """Async :meth:`step_labels`."""
+        body = self._envelope(env_type, task_id, messages=wire_messages(messages), params=params)
+        return StepLabelsData.model_validate(await self._arequest("POST", "/step_labels", body, True))
 
     async def aget_env_profile(self, env_type: str, split: str = "train") -> list[str]:
         return await self._arequest("POST", "/get_env_profile",

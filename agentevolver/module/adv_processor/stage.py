@@ -6,13 +6,21 @@ advantages and before the actor update (``AgentEvolverTrainer._update_actor``). 
 
 1. builds one judge input per sample (step count from the step ids, outcome = summed
    ``token_level_rewards``, GRPO advantage, the transcript from ``episode_record``),
-2. asks the judge (:func:`~.judge.evaluate_step_flags`),
+2. gets the labels from ``judge.source``: ``llm`` asks the judge LLM (:func:`~.judge.evaluate_step_flags`);
+   ``env`` asks the environment service (:func:`~.env_labels.env_step_flags`: ``POST /step_labels`` with each
+   sample's ``env_type``, ``task_id`` and recorded messages), with no LLM call at all,
 3. computes ADCA-GRPO advantages (:func:`~.adca_grpo.compute_prm_grpo_advantages`) with this step's alpha,
 4. writes them over ``batch.batch["advantages"]`` (and ``returns``, which GRPO sets equal to them), puts each
    sample's labels in ``batch.non_tensor_batch["step_flags"]`` (a list of bools, True = GOOD; None where the
    sample kept its GRPO advantage) and returns ``adca/*`` metrics.
 
 Otherwise it changes nothing and calls no judge.
+
+Agreement (one rule): with ``source: llm`` and ``judge.compare_with_env`` true, or ``auto`` where the
+environment offers step labels, the samples the LLM judged are also labelled by the environment and
+``adca/judge_env_agreement`` (share of steps where the two agree) is logged with ``adca/judge_env/*`` and
+``adca/env/*`` counts; the LLM's labels are still the ones trained on. With ``source: env`` there is no LLM
+label to compare.
 """
 
 from __future__ import annotations
@@ -28,6 +36,7 @@ import numpy as np
 import torch
 from omegaconf import DictConfig
 
+from agentevolver.client.env_client import EnvClient
 from agentevolver.client.llm_client import LLMClient, client_for_role
 from agentevolver.config import validate_config
 from agentevolver.errors import ConfigError
@@ -39,10 +48,16 @@ from agentevolver.module.adv_processor.adca_grpo import (
     outcome_scores,
     step_ids_tensor,
 )
+from agentevolver.module.adv_processor.env_labels import (
+    EnvLabelsResult,
+    EnvStepLabeller,
+    agreement_metrics,
+    env_step_flags,
+)
 from agentevolver.module.adv_processor.judge import JudgeInput, StepFlagsResult, evaluate_step_flags
 from agentevolver.module.adv_processor.judge_prompt import outcome_success, transcript_from_record
 
-__all__ = ["JUDGE_ROLE", "AdcaStage", "judge_inputs"]
+__all__ = ["JUDGE_ROLE", "AdcaStage", "episode_records", "judge_inputs"]
 
 logger = logging.getLogger(__name__)
 
@@ -57,11 +72,13 @@ T = TypeVar("T")
 class AdcaStage:
     """See the module docstring. ``total_training_steps`` is the length of the alpha decay when
     ``adca_grpo.total_steps`` is null. ``judge_client`` replaces the client built from ``llm.roles.judge``
-    (tests, or a trainer that shares clients between roles); ``settings`` are the run's validated sections
-    (the trainer validates once and passes them; validated here when None)."""
+    (tests, or a trainer that shares clients between roles); ``env_client`` the environment client built
+    from the ``env_service`` section (used for ``judge.source: env`` and ``compare_with_env``; neither client
+    is built before it is needed); ``settings`` are the run's validated sections (the trainer validates once
+    and passes them; validated here when None)."""
 
     def __init__(self, config: DictConfig, total_training_steps: int, *, judge_client: LLMClient | None = None,
-                 settings: Any = None):
+                 env_client: EnvClient | None = None, settings: Any = None):
         settings = settings if settings is not None else validate_config(config)
         section = settings.attribution_driven_credit_assignment
         self.enabled = section.enable
@@ -80,6 +97,9 @@ class AdcaStage:
         self._client = judge_client
         self._owns_client = judge_client is None
         self._llm = settings.llm
+        self.source = self.judge_settings.source
+        self.compare_with_env = self.judge_settings.compare_with_env
+        self.env_labeller = EnvStepLabeller(settings.env_service, env_client)
 
     # ------------------------------------------------------------------ schedule
     def active(self, step: int) -> bool:
@@ -119,19 +139,25 @@ class AdcaStage:
             return {"adca/active": 0.0} if self.enabled else {}
         started = time.perf_counter()
         inputs = judge_inputs(batch, self.judge_settings.max_message_chars)
-        labels: StepFlagsResult = run_coroutine(evaluate_step_flags(
-            inputs, self.client, skip_type=self.grpo.skip_type,
-            small_adv_threshold=self.grpo.skip_small_adv_threshold,
-            parse_retries=self.judge_settings.parse_retries))
+        records = episode_records(batch)
+        if self.source == "env":
+            from_env = self._env_labels(inputs, records)
+            flags, label_metrics = from_env.flags, from_env.metrics()
+        else:
+            labels: StepFlagsResult = run_coroutine(evaluate_step_flags(
+                inputs, self.client, skip_type=self.grpo.skip_type,
+                small_adv_threshold=self.grpo.skip_small_adv_threshold,
+                parse_retries=self.judge_settings.parse_retries))
+            flags, label_metrics = labels.flags, {**labels.metrics(), **self._agreement(labels, inputs, records)}
         hyper = self.hyper(step)
-        result = compute_prm_grpo_advantages(batch, labels.flags, hyper)
+        result = compute_prm_grpo_advantages(batch, flags, hyper)
         old = batch.batch.get("advantages", None)
         advantages = result.advantages.to(dtype=old.dtype if old is not None else torch.float32)
         batch.batch["advantages"] = advantages
         if "returns" in batch.batch:
             batch.batch["returns"] = advantages.clone()
         stored = np.empty(len(inputs), dtype=object)
-        stored[:] = [list(flags) if flags is not None else None for flags in labels.flags]
+        stored[:] = [list(sample) if sample is not None else None for sample in flags]
         batch.non_tensor_batch["step_flags"] = stored
         # Each labelled episode's per-step advantages, so its earlier samples (multi-sample context managers)
         # get the same step credit through their own step ids (agentevolver.verl.sample_rows).
@@ -141,14 +167,55 @@ class AdcaStage:
         per_step[:] = [table[i, : steps[i]].tolist() if bool(result.labelled[i]) else None
                        for i in range(len(inputs))]
         batch.non_tensor_batch["step_advantages"] = per_step
-        metrics = {"adca/active": 1.0, "adca/alpha": hyper.alpha, **labels.metrics(), **result.metrics,
+        metrics = {"adca/active": 1.0, "adca/alpha": hyper.alpha, **label_metrics, **result.metrics,
                    "adca/time_s": time.perf_counter() - started}
         return metrics
 
+    def _offered(self, records: list[dict[str, Any] | None], *, warn: bool) -> dict[str, bool | None]:
+        """Which of the batch's environments offer step labels; ``warn`` about those that do not."""
+        env_types = sorted({str(r["env_type"]) for r in records if r is not None and r.get("env_type")})
+        offered = self.env_labeller.offers_labels(env_types)
+        for env, capable in offered.items():
+            if warn and capable is not True:
+                why = "does not offer step labels" if capable is False else "could not be asked for step labels"
+                self.env_labeller.warn_once(
+                    f"offered:{env}", "ADCA (judge.source=%s, compare_with_env=%s): environment %r %s; its samples "
+                    "get none (counted in adca/env/*)", self.source, self.compare_with_env, env, why)
+        return offered
+
+    def _env_labels(self, inputs: list[JudgeInput], records: list[dict[str, Any] | None]) -> EnvLabelsResult:
+        """``source: env``: every sample's labels from the environment service; no LLM call."""
+        offered = self._offered(records, warn=True)
+        return run_coroutine(env_step_flags(inputs, records, self.env_labeller, offered,
+                                            skip_type=self.grpo.skip_type,
+                                            small_adv_threshold=self.grpo.skip_small_adv_threshold))
+
+    def _agreement(self, labels: StepFlagsResult, inputs: list[JudgeInput],
+                   records: list[dict[str, Any] | None]) -> dict[str, float]:
+        """``source: llm``: the environment's labels of the judged samples and the judge's agreement with them,
+        when ``compare_with_env`` asks for it (module docstring); {} otherwise."""
+        if self.compare_with_env is False or "judged" not in labels.status:
+            return {}
+        offered = self._offered(records, warn=self.compare_with_env is True)
+        if self.compare_with_env == "auto" and not any(offered.values()):
+            return {}
+        wanted = [status == "judged" for status in labels.status]
+        env = run_coroutine(self.env_labeller.fetch(records, [item.num_steps for item in inputs], wanted, offered))
+        return {**env.metrics(), **agreement_metrics(labels.flags, env)}
+
     def close(self) -> None:
-        """Close the judge client's connection pools (only a client this stage built)."""
+        """Close the judge's and the environment client's connection pools (only clients this stage built)."""
         if self._owns_client and self._client is not None:
             self._client.close()
+        self.env_labeller.close()
+
+
+def episode_records(batch: Any) -> list[dict[str, Any] | None]:
+    """Each sample's ``episode_record`` (docs/rollout_dumps.md), None where the batch has none."""
+    records = batch.non_tensor_batch.get("episode_record")
+    if records is None:
+        return [None] * len(batch)
+    return [record if isinstance(record, dict) else None for record in records]
 
 
 def judge_inputs(batch: Any, max_message_chars: int) -> list[JudgeInput]:

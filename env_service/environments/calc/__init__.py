@@ -21,6 +21,8 @@ Episode protocol:
   The step reward is 0.0 except on the terminating step, where it is the episode's score: dense by
   default, sparse with the instance param ``sparse_reward: true`` (as in ``codebox``); ``info["score"]``
   repeats it.
+* ``label_steps`` (capability ``step_labels``, ``POST /step_labels``): GOOD/BAD for each agent step of a
+  finished episode, from what the question requires (:mod:`env_service.environments.calc.labels`).
 * ``evaluate(sparse)``: 1.0 if the final answer is within tolerance; otherwise sparse gives 0.0 and dense
   gives 0.5 if some tool result was within tolerance of the answer (the model computed it but did not
   report it), else 0.0.
@@ -32,9 +34,11 @@ import logging
 from typing import Any
 
 from agentevolver.schema import ChatMessage
+from agentevolver.schema.step_labels import StepLabel
 from env_service.actions import ActionCalls, read_tool_calls
 from env_service.base import BaseEnv, StepOutcome
 from env_service.environments.calc.answer import has_final_answer, parse_final_answer
+from env_service.environments.calc.labels import label_episode
 from env_service.environments.calc.prompts import (
     DEFAULT_DEMOS,
     MAX_DEMOS,
@@ -89,6 +93,12 @@ class CalcEnv(BaseEnv):
     @classmethod
     def tool_schemas(cls) -> list[dict[str, Any]]:
         return tool_schemas()
+
+    @classmethod
+    def label_steps(cls, task_id: str, messages: list[ChatMessage], params: dict[str, Any]) -> list[StepLabel]:
+        """GOOD/BAD per agent step from what the task requires (capability ``step_labels``; rules:
+        :mod:`env_service.environments.calc.labels`)."""
+        return label_episode(get_task(task_id), messages)
 
     def __init__(self, task_id: str, instance_id: str, params: dict[str, Any]) -> None:
         super().__init__(task_id, instance_id, params)
