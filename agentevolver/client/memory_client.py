@@ -36,6 +36,7 @@ from agentevolver.client.http import (
     describe_failure,
     error_detail,
 )
+from agentevolver.memory_service.exemplar import ExperienceKind
 from agentevolver.memory_service.models import (
     RetrieveRequest,
     RetrieveResponse,
@@ -117,31 +118,42 @@ class MemoryClient(ServiceClient):
 
     # ------------------------------------------------------------------ request builders
     @staticmethod
-    def _summary_body(workspace_id: str, trajectories: Sequence[TrajectoryIn | Mapping[str, Any]]) -> dict[str, Any]:
-        """Validated here first, so a malformed episode fails in the caller, naming the field."""
-        request = SummaryRequest(workspace_id=workspace_id, trajectories=[
+    def _summary_body(workspace_id: str, trajectories: Sequence[TrajectoryIn | Mapping[str, Any]],
+                      experience_kind: ExperienceKind | None = None) -> dict[str, Any]:
+        """Validated here first, so a malformed episode fails in the caller, naming the field. The optional
+        ``experience_kind`` is sent only when given, so a real ReMe server sees its own request shape."""
+        request = SummaryRequest(workspace_id=workspace_id, experience_kind=experience_kind, trajectories=[
             t if isinstance(t, TrajectoryIn) else TrajectoryIn.model_validate(t) for t in trajectories])
-        return {"workspace_id": request.workspace_id,
-                "trajectories": [t.model_dump(mode="json", exclude_none=True) for t in request.trajectories]}
+        body: dict[str, Any] = {
+            "workspace_id": request.workspace_id,
+            "trajectories": [t.model_dump(mode="json", exclude_none=True) for t in request.trajectories]}
+        if request.experience_kind is not None:
+            body["experience_kind"] = request.experience_kind
+        return body
 
     @staticmethod
-    def _retrieve_body(workspace_id: str, query: str, top_k: int | None, **flags: bool | None) -> dict[str, Any]:
+    def _retrieve_body(workspace_id: str, query: str, top_k: int | None,
+                       **flags: bool | str | None) -> dict[str, Any]:
         request = RetrieveRequest(workspace_id=workspace_id, query=query, top_k=top_k, **flags)
         return request.model_dump(mode="json", exclude_none=True)
 
     # ------------------------------------------------------------------ sync API
-    def summary(self, workspace_id: str, trajectories: Sequence[TrajectoryIn | Mapping[str, Any]]) -> SummaryResponse:
-        """Distil episodes (``{messages, score, task_id?}``) into experiences stored in the workspace."""
-        body = self._summary_body(workspace_id, trajectories)
+    def summary(self, workspace_id: str, trajectories: Sequence[TrajectoryIn | Mapping[str, Any]], *,
+                experience_kind: ExperienceKind | None = None) -> SummaryResponse:
+        """Distil episodes (``{messages, score, task_id?}``) into experiences stored in the workspace;
+        ``experience_kind="exemplar"`` stores each task's best solved episode whole instead (no LLM)."""
+        body = self._summary_body(workspace_id, trajectories, experience_kind)
         return self._parse("/summary_task_memory",
                            self._send("POST", "/summary_task_memory", idempotent=False, json=body),
                            SummaryResponse)
 
     def retrieve(self, workspace_id: str, query: str, top_k: int | None = None, *,
-                 enable_llm_rerank: bool | None = None, enable_llm_rewrite: bool | None = None) -> RetrieveResponse:
-        """The workspace's experiences most related to ``query``; ``.answer`` is the text to inject."""
+                 enable_llm_rerank: bool | None = None, enable_llm_rewrite: bool | None = None,
+                 experience_kind: ExperienceKind | None = None) -> RetrieveResponse:
+        """The workspace's experiences most related to ``query`` (only those of ``experience_kind`` when
+        given); ``.answer`` is the text to inject."""
         body = self._retrieve_body(workspace_id, query, top_k, enable_llm_rerank=enable_llm_rerank,
-                                   enable_llm_rewrite=enable_llm_rewrite)
+                                   enable_llm_rewrite=enable_llm_rewrite, experience_kind=experience_kind)
         return self._parse("/retrieve_task_memory",
                            self._send("POST", "/retrieve_task_memory", idempotent=True, json=body),
                            RetrieveResponse)
@@ -197,17 +209,18 @@ class MemoryClient(ServiceClient):
         return int(response.json()["metadata"]["imported"])
 
     # ------------------------------------------------------------------ async API (what the trainer's rollout uses)
-    async def asummary(self, workspace_id: str,
-                       trajectories: Sequence[TrajectoryIn | Mapping[str, Any]]) -> SummaryResponse:
-        body = self._summary_body(workspace_id, trajectories)
+    async def asummary(self, workspace_id: str, trajectories: Sequence[TrajectoryIn | Mapping[str, Any]], *,
+                       experience_kind: ExperienceKind | None = None) -> SummaryResponse:
+        body = self._summary_body(workspace_id, trajectories, experience_kind)
         response = await self._asend("POST", "/summary_task_memory", idempotent=False, json=body)
         return self._parse("/summary_task_memory", response, SummaryResponse)
 
     async def aretrieve(self, workspace_id: str, query: str, top_k: int | None = None, *,
                         enable_llm_rerank: bool | None = None,
-                        enable_llm_rewrite: bool | None = None) -> RetrieveResponse:
+                        enable_llm_rewrite: bool | None = None,
+                        experience_kind: ExperienceKind | None = None) -> RetrieveResponse:
         body = self._retrieve_body(workspace_id, query, top_k, enable_llm_rerank=enable_llm_rerank,
-                                   enable_llm_rewrite=enable_llm_rewrite)
+                                   enable_llm_rewrite=enable_llm_rewrite, experience_kind=experience_kind)
         response = await self._asend("POST", "/retrieve_task_memory", idempotent=True, json=body)
         return self._parse("/retrieve_task_memory", response, RetrieveResponse)
 

@@ -11,6 +11,10 @@ ReMe's task memory so that a real ReMe 0.2 server is a drop-in replacement (chan
   returned or stored in ``metadata.memory_list``; ``/vector_store`` puts its result in
   ``metadata.action_result``.
 
+Added here, optional, so a client that does not send it gets ReMe's behaviour: ``experience_kind`` on
+summary and retrieval requests. ``exemplar`` stores solved episodes whole (no LLM) and retrieves only those,
+rendered as worked examples (:mod:`.exemplar`); ``advice`` (the default) is ReMe's distilled experience.
+
 Import-light on purpose (pydantic only): the trainer imports the client without torch or faiss.
 """
 
@@ -23,6 +27,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from agentevolver.memory_service.exemplar import ExperienceKind
 from agentevolver.schema.message import ChatMessage
 
 __all__ = [
@@ -155,6 +160,11 @@ class SummaryRequest(BaseModel):
 
     workspace_id: str = Field(description="The memory's namespace, e.g. one per experiment.")
     trajectories: list[TrajectoryIn] = Field(min_length=1)
+    experience_kind: ExperienceKind | None = Field(
+        default=None,
+        description="advice (default, ReMe's pipeline: the LLM distils experiences) or exemplar (each task's "
+        "best solved episode is stored whole as a worked example, no LLM call; unsolved ones are not stored).",
+    )
 
     _workspace = field_validator("workspace_id")(_check_workspace_id)
 
@@ -176,6 +186,11 @@ class RetrieveRequest(BaseModel):
     top_k: int | None = Field(default=None, ge=1)
     enable_llm_rerank: bool | None = None
     enable_llm_rewrite: bool | None = None
+    experience_kind: ExperienceKind | None = Field(
+        default=None,
+        description="Only memories of this kind (exemplar: answered as worked examples, never rewritten); "
+        "null = every memory of the workspace, as ReMe.",
+    )
 
     _workspace = field_validator("workspace_id")(_check_workspace_id)
 
@@ -251,6 +266,7 @@ class SummaryStats(BaseModel):
     rejected: int = 0
     duplicates: int = 0
     unparsable_replies: int = 0
+    replaced: int = Field(default=0, description="Exemplar mode: stored exemplars replaced by a better one.")
 
 
 class SummaryMetadata(BaseModel):

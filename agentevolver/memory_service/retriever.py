@@ -4,6 +4,11 @@ ReMe's retrieve pipeline: build the query -> embed it -> exact vector recall of 
 ``recall_multiplier`` when an LLM reranks) -> optional LLM rerank -> optional LLM rewrite of the selection
 into advice for this query; otherwise the experiences are formatted as numbered blocks. A workspace that
 holds nothing answers ``""``: a fresh run retrieves before its first summary, and that is not an error.
+
+A request with ``experience_kind`` recalls only memories of that kind (the recall widens until it has
+``top_k`` of them or has seen the whole workspace). Exemplars are answered as their worked examples, most
+similar first, with no numbered header and never rewritten (a rewrite would destroy the form that makes
+them useful; :mod:`.exemplar`).
 """
 
 from __future__ import annotations
@@ -12,11 +17,14 @@ import asyncio
 import json
 import logging
 
+import numpy as np
+
 from agentevolver.client.llm_client import LLMClient
 from agentevolver.errors import LLMError
 from agentevolver.memory_service import prompts
 from agentevolver.memory_service.embedding import Embedder
 from agentevolver.memory_service.errors import BadRequest, LLMFailed, LLMNotConfigured
+from agentevolver.memory_service.exemplar import EXEMPLAR, ExperienceKind, format_exemplars, memory_kind
 from agentevolver.memory_service.models import (
     RetrievedMemory,
     RetrieveMetadata,
@@ -84,7 +92,7 @@ class Retriever:
 
         vector = (await asyncio.to_thread(self.embedder.embed, [query]))[0]
         recall = top_k * s.recall_multiplier if rerank else top_k
-        hits = await asyncio.to_thread(self.store.search, request.workspace_id, vector, recall)
+        hits = await self._search(request.workspace_id, vector, recall, request.experience_kind)
         if s.min_similarity is not None:
             hits = [h for h in hits if h.similarity >= s.min_similarity]
         if rerank and len(hits) > 1:
@@ -92,6 +100,10 @@ class Retriever:
         hits = hits[:top_k]
         meta.memory_list = [RetrievedMemory(**h.memory.model_dump(), similarity=h.similarity) for h in hits]
 
+        if request.experience_kind == EXEMPLAR:
+            if rewrite:
+                meta.notes.append("exemplars are never rewritten; enable_llm_rewrite was ignored")
+            return RetrieveResponse(answer=format_exemplars(meta.memory_list), metadata=meta)
         answer = prompts.format_memories(meta.memory_list)
         if rewrite and hits:
             rewritten = (await self._ask(prompts.REWRITE_SYSTEM,
@@ -102,6 +114,20 @@ class Retriever:
             else:
                 meta.notes.append("the rewrite reply was empty; the experiences are returned as stored")
         return RetrieveResponse(answer=answer, metadata=meta)
+
+    async def _search(self, workspace_id: str, vector: np.ndarray, k: int,
+                      kind: ExperienceKind | None) -> list[SearchHit]:
+        """The ``k`` nearest memories, of ``kind`` only when one is asked for (recall widened x4 per round)."""
+        if kind is None:
+            return await asyncio.to_thread(self.store.search, workspace_id, vector, k)
+        total = await asyncio.to_thread(self.store.count, workspace_id)
+        recall = k
+        while True:
+            recall = min(recall * 4, total)
+            hits = await asyncio.to_thread(self.store.search, workspace_id, vector, recall)
+            found = [h for h in hits if memory_kind(h.memory) == kind]
+            if len(found) >= k or recall >= total:
+                return found[:k]
 
     async def _ask(self, system: str, user: str) -> str:
         assert self.llm is not None

@@ -13,6 +13,9 @@ Steps, per request:
 4. embed the keepers' ``when_to_use``, drop near-duplicates of what the workspace (or this request)
    already holds, and upsert the rest in one transaction.
 
+A request with ``experience_kind: exemplar`` takes none of these steps: it stores each task's best solved
+episode whole, with no LLM (:mod:`.exemplar_summary`).
+
 An LLM that cannot be reached fails the request (502, nothing stored; the client may retry); a reply that
 cannot be read only loses that one extraction or candidate, counted in ``stats.unparsable_replies``.
 """
@@ -34,6 +37,8 @@ from agentevolver.errors import LLMError
 from agentevolver.memory_service import prompts
 from agentevolver.memory_service.embedding import Embedder
 from agentevolver.memory_service.errors import LLMFailed, LLMNotConfigured
+from agentevolver.memory_service.exemplar import EXEMPLAR
+from agentevolver.memory_service.exemplar_summary import ExemplarSummarizer
 from agentevolver.memory_service.models import (
     RejectedMemory,
     SummaryMetadata,
@@ -100,8 +105,12 @@ class Summarizer:
         self.embedder = embedder
         self.store = store
         self._workspace_locks: defaultdict[str, asyncio.Lock] = defaultdict(asyncio.Lock)
+        # Shares the workspace locks: an exemplar write and an advice write never interleave in one workspace.
+        self.exemplars = ExemplarSummarizer(settings, embedder, store, self._workspace_locks)
 
     async def summarize(self, request: SummaryRequest) -> SummaryResponse:
+        if request.experience_kind == EXEMPLAR:  # no LLM needed: checked before the LLM is required
+            return await self.exemplars.summarize(request)
         if self.llm is None:
             raise LLMNotConfigured(
                 "summarising needs an LLM, and this memory service was started without one: start it with "

@@ -6,7 +6,8 @@ experience for this episode; ``exp_train_mode``: ``keep`` or ``discard`` it for 
 does the rest per episode (:mod:`.retriever`, then the context manager strips discarded experience by
 re-rendering the prompt). After each update it submits the step's episodes for summarisation every
 ``memory.updated_freq`` steps (:mod:`.summarizer`, in the background) and reports what happened as
-``exp/*`` metrics.
+``exp/*`` metrics. ``exp_manager.experience_kind`` says whether those summaries distil advice (the service's
+LLM) or store each task's best solved episode as an exemplar (no LLM; docs/self_navigating.md).
 
 The six usage modes of seed 002 (``config/exp_mode/``) are combinations of these switches:
 
@@ -126,7 +127,8 @@ class ExperienceManager:
     @property
     def summarizer(self) -> BackgroundSummarizer:
         if self._summarizer is None:
-            self._summarizer = BackgroundSummarizer(self.client, self.workspace_id, self.exp.summary_batch_size)
+            self._summarizer = BackgroundSummarizer(self.client, self.workspace_id, self.exp.summary_batch_size,
+                                                    kind=self.exp.experience_kind)
         return self._summarizer
 
     # ------------------------------------------------------------------ start-up
@@ -179,13 +181,13 @@ class ExperienceManager:
             metrics.update(self._summarizer.drain())
         return metrics
 
-    @staticmethod
-    def trajectories(batch: Any) -> list[dict[str, Any]]:
+    def trajectories(self, batch: Any) -> list[dict[str, Any]]:
+        """The batch's episodes as summary trajectories, in the form ``exp_manager.experience_kind`` needs."""
         records = batch.non_tensor_batch.get("episode_record")
         scores = batch.non_tensor_batch.get("reward_outcome")
         if records is None or scores is None:
             return []
-        return trajectories_from_records(list(records), [float(s) for s in scores])
+        return trajectories_from_records(list(records), [float(s) for s in scores], kind=self.exp.experience_kind)
 
     # ------------------------------------------------------------------ before training
     def initial_summary(self, rollouts: Iterable[Any]) -> dict[str, float]:

@@ -5,6 +5,10 @@ and before the first generation, for episodes the experience plan marked (``Epis
 The ``n`` rollouts of a task share one GRPO group id and one query, so the answer is fetched once per group
 and per worker process (later rollouts of the group await the same request) instead of ``n`` times.
 
+``exp_manager.experience_kind`` picks what is asked for: ``advice`` sends ReMe's plain request and formats
+the answer with ``experience_template``; ``exemplar`` asks for exemplars only (the most similar solved
+episodes, already rendered as worked examples by the service) and formats them with ``exemplar_template``.
+
 A memory service that is down, slow or failing never fails an episode: the episode runs without
 experience and reports the failure (``exp/retrieve_errors``), which the trainer sums into the step's
 metrics.
@@ -22,6 +26,7 @@ from typing import Any
 
 from agentevolver.client.http import ServiceClientError
 from agentevolver.client.memory_client import MemoryClient, MemoryClientSettings
+from agentevolver.memory_service.exemplar import ADVICE, EXEMPLAR, ExperienceKind
 from agentevolver.schema.message import ChatMessage
 
 __all__ = ["ExperienceRetriever", "Retrieval", "format_experience", "task_query"]
@@ -57,20 +62,28 @@ def task_query(messages: Sequence[ChatMessage]) -> str:
 class ExperienceRetriever:
     """Fetches and formats experience for episodes; one per worker process and run config."""
 
-    def __init__(self, client: MemoryClient, *, workspace_id: str, top_k: int, template: str) -> None:
+    def __init__(self, client: MemoryClient, *, workspace_id: str, top_k: int, template: str,
+                 kind: ExperienceKind = ADVICE) -> None:
+        if kind not in (ADVICE, EXEMPLAR):
+            raise ValueError(f"exp_manager.experience_kind must be one of advice, exemplar; got {kind!r}")
+        if "{}" not in template:
+            raise ValueError(f"the {kind} template must contain '{{}}' where the retrieved text goes; got {template!r}")
         self.client = client
         self.workspace_id = workspace_id
         self.top_k = top_k
         self.template = template
+        self.kind: ExperienceKind = kind
         self._groups: OrderedDict[str, asyncio.Future[Retrieval]] = OrderedDict()
 
     @classmethod
     def from_config(cls, config: Any) -> ExperienceRetriever:
-        """From the run config's ``memory`` (service, workspace, top-k) and ``exp_manager`` (template)."""
+        """From the run config's ``memory`` (service, workspace, top-k) and ``exp_manager`` (kind, template)."""
         memory, exp = config["memory"], config["exp_manager"]
         settings = MemoryClientSettings.from_config(memory)
+        kind = str(exp["experience_kind"])
+        template = exp["exemplar_template"] if kind == EXEMPLAR else exp["experience_template"]
         return cls(MemoryClient(settings), workspace_id=str(memory["workspace_id"]),
-                   top_k=int(memory["retrieve_top_k"]), template=str(exp["experience_template"]))
+                   top_k=int(memory["retrieve_top_k"]), template=str(template), kind=kind)  # type: ignore[arg-type]
 
     async def for_episode(self, group_id: str, messages: Sequence[ChatMessage | Mapping[str, Any]]) -> Retrieval:
         """The experience of the group's task (fetched by the group's first episode, shared by the rest)."""
@@ -95,7 +108,9 @@ class ExperienceRetriever:
     async def _fetch(self, query: str) -> Retrieval:
         started = time.perf_counter()
         try:
-            response = await self.client.aretrieve(self.workspace_id, query, self.top_k)
+            # advice sends no experience_kind: ReMe's own request, so a real ReMe server answers it
+            kind = EXEMPLAR if self.kind == EXEMPLAR else None
+            response = await self.client.aretrieve(self.workspace_id, query, self.top_k, experience_kind=kind)
         except (ServiceClientError, OSError) as err:
             logger.warning("experience retrieval failed; this episode runs without experience: %s", err)
             return Retrieval(None, error=str(err), seconds=time.perf_counter() - started)

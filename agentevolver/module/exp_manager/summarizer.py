@@ -7,6 +7,10 @@ thread pool, so a summary that waits minutes on its LLM never delays training; t
 finished at its next step (:meth:`BackgroundSummarizer.drain`) as counted metrics. A failed request (the
 service is down, its LLM failed) is logged and counted, never raised.
 
+With ``exp_manager.experience_kind: exemplar`` the requests ask the service to store each task's best solved
+episode whole (no LLM call there), and each episode is sent from its task message on with its tool calls,
+tool results and their ids, since that is the worked example.
+
 Only the initial summarisation (``init_exp_before_training``) waits (:meth:`BackgroundSummarizer.wait`):
 the first step's retrieval needs its result.
 """
@@ -22,6 +26,7 @@ from typing import Any
 
 from agentevolver.client.http import ServiceClientError
 from agentevolver.client.memory_client import MemoryClient
+from agentevolver.memory_service.exemplar import ADVICE, EXEMPLAR, ExperienceKind
 
 __all__ = ["BackgroundSummarizer", "summary_requests", "trajectories_from_records"]
 
@@ -33,18 +38,39 @@ _NOT_EPISODE = {"experience", "memory"}
 _UNUSABLE = {"env_error", "error"}
 
 
-def trajectories_from_records(records: Iterable[Mapping[str, Any]], scores: Sequence[float]) -> list[dict[str, Any]]:
+#: Message fields an exemplar keeps besides role and content: a worked example needs its calls and results.
+_TOOL_FIELDS = ("tool_calls", "tool_call_id", "name")
+
+
+def _exemplar_messages(messages: list[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """The episode from its task message on: the last opening user message (``step`` -1: the environment's
+    opening messages, which may hold demonstrations before it) and every turn after it (``step`` >= 0)."""
+    opening = [m for m in messages if m.get("step", -1) < 0]
+    task = next((m for m in reversed(opening) if m["role"] == "user"), None)
+    turns = [m for m in messages if m.get("step", -1) >= 0]
+    return [{"role": m["role"], "content": str(m.get("content") or ""),
+             **{key: m[key] for key in _TOOL_FIELDS if m.get(key) is not None}}
+            for m in ([task] if task is not None else []) + turns]
+
+
+def trajectories_from_records(records: Iterable[Mapping[str, Any]], scores: Sequence[float], *,
+                              kind: ExperienceKind = ADVICE) -> list[dict[str, Any]]:
     """``/summary_task_memory`` trajectories of episodes (dump records with messages) and their scores.
 
     Injected experience is left out (summarising it would feed the memory its own text back); episodes that
-    failed before any turn are skipped.
+    failed before any turn are skipped. ``advice`` sends every message as ``{role, content}`` (ReMe's
+    shape); ``exemplar`` sends the episode from its task message on, with tool calls and tool results (see
+    :func:`_exemplar_messages`), unsolved ones included: the service's ``success_threshold`` decides.
     """
     out = []
     for record, score in zip(records, scores, strict=True):
         if not isinstance(record, Mapping) or record.get("termination") in _UNUSABLE or not record.get("num_turns"):
             continue
-        messages = [{"role": m["role"], "content": str(m.get("content") or "")}
-                    for m in record.get("messages") or [] if m.get("author") not in _NOT_EPISODE]
+        episode = [m for m in record.get("messages") or [] if m.get("author") not in _NOT_EPISODE]
+        if kind == EXEMPLAR:
+            messages = _exemplar_messages(episode)
+        else:
+            messages = [{"role": m["role"], "content": str(m.get("content") or "")} for m in episode]
         if messages:
             out.append({"task_id": str(record.get("task_id", "")), "score": float(score), "messages": messages})
     return out
@@ -72,10 +98,12 @@ def summary_requests(trajectories: Sequence[dict[str, Any]], batch_size: int) ->
 class BackgroundSummarizer:
     """Submits summary requests to the memory service on a thread pool and counts how they went."""
 
-    def __init__(self, client: MemoryClient, workspace_id: str, batch_size: int, max_workers: int = 2) -> None:
+    def __init__(self, client: MemoryClient, workspace_id: str, batch_size: int, max_workers: int = 2, *,
+                 kind: ExperienceKind = ADVICE) -> None:
         self.client = client
         self.workspace_id = workspace_id
         self.batch_size = batch_size
+        self.kind: ExperienceKind = kind
         self._pool = ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="exp-summary")
         self._pending: list[Future[int]] = []
         self._lock = threading.Lock()
@@ -93,7 +121,9 @@ class BackgroundSummarizer:
         return len(requests)
 
     def _summarise(self, trajectories: list[dict[str, Any]]) -> int:
-        response = self.client.summary(self.workspace_id, trajectories)
+        # advice sends no experience_kind: ReMe's own request, so a real ReMe server answers it
+        response = self.client.summary(self.workspace_id, trajectories,
+                                       experience_kind=EXEMPLAR if self.kind == EXEMPLAR else None)
         return len(response.metadata.memory_list)
 
     def drain(self) -> dict[str, float]:
