@@ -3,12 +3,15 @@
 Generates synthetic tasks for the configured environment (``env_service.env_type``) into
 ``task_manager.synthetic_tasks_path`` (JSON lines), with a progress bar and a summary table. Needs the
 environment service at ``env_service.env_url`` and the LLM roles ``task_explorer``, ``task_summarizer``
-and ``task_filter`` (``llm.roles``). A killed run resumes from ``task_manager.checkpoint_path``.
+(not with ``task_manager.writer: env``) and ``task_filter`` (``llm.roles``). A killed run resumes from
+``task_manager.checkpoint_path``.
 
-The summary shows, per stage, what happened and the rates that measure the LLM roles: the summariser's
-parse rate, re-asks and share of replies generated under the reply schema (structured outputs); for an
-environment whose observations prove answers, the share of written tasks whose answer was proved and
-the rejections by reason; duplicates; feasibility verdicts; then up to five kept tasks and the wall time.
+The summary shows, per stage, what happened and the rates that measure the LLM roles: who wrote the tasks
+(``task_manager.writer``: the LLM's model, or the environment's profile); the summariser's parse rate,
+re-asks and share of replies generated under the reply schema (structured outputs), or, with the
+environment as writer, what its rendering skipped; for an environment whose observations prove answers,
+the share of written tasks whose answer was proved and the rejections by reason; duplicates; feasibility
+verdicts; then up to five kept tasks and the wall time.
 
 Exit status: 0 = done; 1 = done, but some explorations or judgements failed (rerun to retry them: the
 finished ones are kept); 2 = a configuration or service problem (the message says what to change).
@@ -116,7 +119,7 @@ def _generate(args: argparse.Namespace, console: Console) -> tuple[GenerationRep
 
 def summary_dict(report: GenerationReport, seeds: int) -> dict[str, object]:
     """The counters and rates of a run as plain data."""
-    return {"seeds": seeds, "counts": dict(report.counts), "rates": report.rates(),
+    return {"seeds": seeds, "writer": report.writer, "counts": dict(report.counts), "rates": report.rates(),
             "rejections": report.rejections(), "failures": report.failures, "checkpoint": report.checkpoint_status,
             "output": str(report.output_path),
             "examples": [_example(o) for o in report.objectives[:EXAMPLES]]}
@@ -153,16 +156,24 @@ def summary_table(report: GenerationReport, seeds: int) -> Table:
     table.add_column("detail")
     failed_explorations = sum(1 for f in report.failures if "#" in f.split(":", 1)[0])
     table.add_row("seed tasks", str(seeds), "")
+    table.add_row("task writer", "", report.writer or "-")
     table.add_row("explorations", str(c["explorations_planned"]),
                   f"{c['explorations_run']} run now, {c['explorations_resumed']} resumed "
                   f"({report.checkpoint_status}), {failed_explorations} failed; {c['explore_steps']} env steps")
     reasks = rates["reasks_per_exploration"]
-    table.add_row("summariser replies", str(c["summary_replies"]),
-                  f"{c['summary_unparsed_replies']} unparseable; parse rate {pct(rates['parse_rate'])}; "
-                  f"{'-' if reasks is None else f'{reasks:.2f}'} re-asks per exploration; "
-                  f"{pct(rates['structured_share'])} structured (response_format), "
-                  f"{c['summary_format_fallbacks']} fell back to free text; "
-                  f"{c['summaries_failed']} exploration(s) without a usable summary")
+    if report.writer.startswith("env") and not c["summary_replies"]:
+        table.add_row("tasks rendered by env", str(c["env_tasks_rendered"]),
+                      f"from {c['env_calls_seen']} tool call(s): {c['env_calls_failed']} failed, "
+                      f"{c['env_calls_not_rendered']} not renderable, {c['env_calls_merged']} repeated in one "
+                      f"exploration (merged), {c['env_seed_copies']} restating the seed task, "
+                      f"{c['env_over_limit']} over tasks_per_exploration; no LLM request")
+    else:
+        table.add_row("summariser replies", str(c["summary_replies"]),
+                      f"{c['summary_unparsed_replies']} unparseable; parse rate {pct(rates['parse_rate'])}; "
+                      f"{'-' if reasks is None else f'{reasks:.2f}'} re-asks per exploration; "
+                      f"{pct(rates['structured_share'])} structured (response_format), "
+                      f"{c['summary_format_fallbacks']} fell back to free text; "
+                      f"{c['summaries_failed']} exploration(s) without a usable summary")
     if c["answers_checked"]:
         reasons = ", ".join(f"{reason} {n}" for reason, n in report.rejections().items()) or "none"
         table.add_row("answers checked", str(c["answers_checked"]),

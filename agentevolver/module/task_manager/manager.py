@@ -31,6 +31,7 @@ from agentevolver.errors import ConfigError, LLMError
 from agentevolver.module.task_manager.checkpoint import ExplorationRecord, GenerationCheckpoint, inputs_digest
 from agentevolver.module.task_manager.deps import ROLE_EXPLORER, ROLE_SUMMARIZER, TaskManagerDeps
 from agentevolver.module.task_manager.embedding import EMBEDDERS
+from agentevolver.module.task_manager.env_writer import EnvWriter
 from agentevolver.module.task_manager.exploration import EXPLORATION_STRATEGIES, ExplorationStrategy
 from agentevolver.module.task_manager.filters import (
     POST_FILTERS,
@@ -43,12 +44,16 @@ from agentevolver.module.task_manager.mixture import MIXTURES, MixtureStrategy
 from agentevolver.module.task_manager.profile import EnvProfile
 from agentevolver.module.task_manager.prompts import PROMPT_VERSION
 from agentevolver.module.task_manager.store import write_objectives
-from agentevolver.module.task_manager.summarizer import Summarizer
+from agentevolver.module.task_manager.summarizer import Summarizer, llm_writer_identity
 from agentevolver.schema import Task, TaskObjective
 
-__all__ = ["GenerationReport", "ProgressFn", "TaskManager", "check_names", "exploration_key"]
+__all__ = ["GenerationReport", "ProgressFn", "TaskManager", "TaskWriter", "check_names", "exploration_key",
+           "make_writer", "writer_identity"]
 
 logger = logging.getLogger(__name__)
+
+#: A task writer (``task_manager.writer``): the LLM summariser or the environment's profile.
+TaskWriter = Summarizer | EnvWriter
 
 #: ``progress(phase, done, total)``; phase is "explore" or "filter".
 ProgressFn = Callable[[str, int, int], None]
@@ -68,6 +73,8 @@ class GenerationReport:
     failures: list[str] = field(default_factory=list)
     checkpoint_status: str = "off"
     output_path: Path | None = None
+    #: who wrote the tasks (``task_manager.writer``): "llm: <model> (...)" or "env: ..." (see :func:`writer_identity`)
+    writer: str = ""
 
     def rates(self) -> dict[str, float | None]:
         """parse rate (summariser replies that parsed), re-asks per exploration, structured share (replies
@@ -79,7 +86,8 @@ class GenerationReport:
         summarised = c["explorations_planned"] - len([f for f in self.failures if "#" in f.split(":", 1)[0]])
         return {
             "parse_rate": _ratio(c["summary_replies"] - c["summary_unparsed_replies"], c["summary_replies"]),
-            "reasks_per_exploration": _ratio(c["summary_replies"] - summarised, summarised),
+            "reasks_per_exploration": (_ratio(c["summary_replies"] - summarised, summarised)
+                                       if c["summary_replies"] else None),
             "structured_share": _ratio(c["summary_structured_replies"], c["summary_replies"]),
             "proof_rate": _ratio(c["answers_proved"], c["answers_checked"]),
             "duplicate_rate": _ratio(duplicates, c["objectives_proposed"]),
@@ -144,7 +152,8 @@ class TaskManager:
             "tool_parser": settings.agent_flow.tools.tool_parser,
             "profile": self.deps.profile.model_dump(mode="json"),
             "explorer": _model_identity(settings, ROLE_EXPLORER),
-            "summarizer": _model_identity(settings, ROLE_SUMMARIZER),
+            # the writer (task_manager.writer): the LLM's identity, or "env" (the profile, above, says how)
+            "summarizer": _model_identity(settings, ROLE_SUMMARIZER) if section.writer == "llm" else {"writer": "env"},
         }
 
     def generate_task(self, seeds: Sequence[Task], *, progress: ProgressFn | None = None,
@@ -152,12 +161,13 @@ class TaskManager:
         """Generate synthetic tasks from ``seeds`` and write them to ``output_path`` (default: the configured
         ``synthetic_tasks_path``). Raises only for configuration errors (unknown names, unreadable profile)."""
         section = self.section
-        report = GenerationReport()
+        report = GenerationReport(writer=writer_identity(self.deps.settings))
         if section.n == 0 or not seeds:
             logger.info("task synthesis is off (task_manager.n=0 or no seed tasks)")
             return report
+        summarizer = make_writer(self.deps)  # first: writer env on a profile without env_writer fails here
+        report.writer = summarizer.identity()
         strategy = EXPLORATION_STRATEGIES.create(section.strategy, self.deps)
-        summarizer = Summarizer(self.deps)
         realtime = [REALTIME_FILTERS.create(name, self.deps) for name in section.realtime_filters]
         post = [(name, POST_FILTERS.create(name, self.deps)) for name in section.post_filters]
         verdict_inputs = {"filters": [[n, f.fingerprint] for n, f in post], "retries": section.parse_retries,
@@ -178,7 +188,7 @@ class TaskManager:
         report.counts["tasks_written"] = len(report.objectives)
         return report
 
-    def _explore_all(self, plan: list[tuple[Task, int]], strategy: ExplorationStrategy, summarizer: Summarizer,
+    def _explore_all(self, plan: list[tuple[Task, int]], strategy: ExplorationStrategy, summarizer: TaskWriter,
                      realtime: list[RealtimeFilter], checkpoint: GenerationCheckpoint, report: GenerationReport,
                      progress: ProgressFn | None) -> None:
         pending = [(s, r) for s, r in plan if exploration_key(s.task_id, r) not in checkpoint.explorations]
@@ -209,7 +219,7 @@ class TaskManager:
                     if progress:
                         progress("explore", done, len(plan))
 
-    def _explore_and_summarize(self, strategy: ExplorationStrategy, summarizer: Summarizer, seed: Task,
+    def _explore_and_summarize(self, strategy: ExplorationStrategy, summarizer: TaskWriter, seed: Task,
                                round_index: int) -> ExplorationRecord:
         """One exploration and its summary (runs in a worker thread)."""
         trajectory = strategy.explore(seed, round_index)
@@ -224,6 +234,7 @@ class TaskManager:
             "summary_rejected_items": summary.rejected_items,
             "objectives_proposed": len(summary.objectives),
             **{f"answers_{key}": value for key, value in summary.proofs.items()},
+            **{f"env_{key}": value for key, value in (summary.rendered or {}).items()},
         }
         if not summary.parsed:
             logger.info("exploration %s: no summary reply parsed (%s)", exploration_key(seed.task_id, round_index),
@@ -312,6 +323,20 @@ def check_names(settings: AgentEvolverSettings) -> None:
     GRADERS.check(section.grader.original_grader, "task_manager.grader.original_grader")
     if section.grader.synthetic_grader != "auto":  # auto: reference or llm, by the profile (deps.synthetic_grader)
         GRADERS.check(section.grader.synthetic_grader, "task_manager.grader.synthetic_grader")
+
+
+def make_writer(deps: TaskManagerDeps) -> TaskWriter:
+    """The task writer ``task_manager.writer`` names: ``llm`` = the task_summarizer role reads the masked
+    exploration; ``env`` = the profile's ``env_writer`` renders it (a :class:`ConfigError` naming the key and the
+    profile when the profile has none)."""
+    return EnvWriter(deps) if deps.section.writer == "env" else Summarizer(deps)
+
+
+def writer_identity(settings: AgentEvolverSettings) -> str:
+    """Who writes the tasks, from the settings alone (the report of a run that generates nothing says it too)."""
+    if settings.task_manager.writer == "env":
+        return f"env: the {settings.env_service.env_type} profile renders the exploration's tool calls (no LLM)"
+    return llm_writer_identity(settings)
 
 
 def _batches(pending: list[tuple[Task, int]], size: int) -> list[list[tuple[Task, int]]]:

@@ -53,6 +53,8 @@ class Observation:
     text: str
     call: str | None = None  # "name(arguments)" for people to read
     inputs: tuple[float, ...] = ()  # numbers the call was given
+    tool: str | None = None  # the called tool's name (the environment writer renders by it)
+    arguments: Any = None  # the call's arguments, parsed from JSON when they were a string
 
 
 @dataclass(frozen=True)
@@ -164,7 +166,8 @@ def _take_call(pending: list[Any], message: ChatMessage) -> Any:
     return pending.pop(0) if pending else None
 
 
-def _describe(call: Any) -> tuple[str, tuple[float, ...]]:
+def _describe(call: Any) -> tuple[str, tuple[float, ...], str, Any]:
+    """``(shown call, numbers it was given, tool name, parsed arguments)`` of one tool call."""
     arguments = call.function.arguments
     try:
         parsed = json.loads(arguments) if isinstance(arguments, str) else arguments
@@ -172,7 +175,7 @@ def _describe(call: Any) -> tuple[str, tuple[float, ...]]:
         parsed = arguments
     inputs = tuple(_walk_numbers(parsed))
     shown = arguments if isinstance(arguments, str) else json.dumps(arguments)
-    return f"{call.function.name}({shown})", inputs
+    return f"{call.function.name}({shown})", inputs, call.function.name, parsed
 
 
 def _walk_numbers(value: Any) -> Iterator[float]:

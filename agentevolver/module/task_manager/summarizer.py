@@ -19,9 +19,11 @@ from __future__ import annotations
 import hashlib
 import json
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from agentevolver.config.schema import AgentEvolverSettings
 from agentevolver.module.task_manager.deps import ROLE_SUMMARIZER, TaskManagerDeps
 from agentevolver.module.task_manager.masking import mask_query
 from agentevolver.module.task_manager.parsing import ask_parsed, parse_summary, summary_schema
@@ -44,7 +46,7 @@ from agentevolver.module.task_manager.proof import observations, prove
 from agentevolver.module.task_manager.transcript import render_transcript
 from agentevolver.schema import ChatMessage, Task, TaskObjective, Trajectory
 
-__all__ = ["Summarizer", "SummaryOutcome", "record_for_summary", "synthetic_task_id"]
+__all__ = ["Summarizer", "SummaryOutcome", "add_objectives", "llm_writer_identity", "record_for_summary", "synthetic_task_id"]
 
 
 @dataclass
@@ -60,10 +62,14 @@ class SummaryOutcome:
     format_fallbacks: int = 0
     #: grounded profiles only: ``checked``, ``proved`` and ``rejected_<reason>`` (see :mod:`.proof`)
     proofs: Counter[str] = field(default_factory=Counter)
+    #: the environment writer only (``task_manager.writer: env``): what its rendering did (:mod:`.env_writer`);
+    #: None when an LLM wrote the tasks
+    rendered: Counter[str] | None = None
 
     @property
     def parsed(self) -> bool:
-        return self.replies > self.unparsed_replies
+        """Whether the writer produced a usable answer (an LLM reply that parsed; the environment always does)."""
+        return self.rendered is not None or self.replies > self.unparsed_replies
 
 
 def synthetic_task_id(seed_task_id: str, query: str) -> str:
@@ -141,24 +147,46 @@ class Summarizer:
         outcome = SummaryOutcome(objectives=[], replies=reply.replies, unparsed_replies=reply.failures,
                                  rejected_items=rejected[0], errors=reply.errors, structured_replies=reply.structured,
                                  format_fallbacks=reply.format_fallbacks)
-        record = observations(trajectory) if grounded else []
-        for item in reply.value or []:
-            metadata: dict[str, Any] = {"exploration": f"{seed.task_id}#{trajectory.rollout_id}"}
-            if grounded:
-                assert self.deps.profile.answers is not None
-                proof = prove(item.query, item.answer, record, self.deps.profile.answers)
-                outcome.proofs["checked"] += 1
-                if not proof.proved:
-                    outcome.proofs[f"rejected_{proof.reason}"] += 1
-                    outcome.errors.append(f"unproved answer {item.answer!r} ({proof.reason}): {proof.detail}")
-                    continue
-                outcome.proofs["proved"] += 1
-                metadata.update(evidence=item.evidence, proof=proof.metadata())
-            task = Task(
-                task_id=synthetic_task_id(seed.task_id, item.query), env_type=seed.env_type, query=item.query,
-                ground_truth=item.answer, open_query=item.answer is None, evaluator=self.deps.synthetic_grader,
-                metadata=metadata,
-            )
-            outcome.objectives.append(TaskObjective(task=task, source="synthetic", seed_task_id=seed.task_id,
-                                                    confidence=getattr(item, "confidence", None)))
+        add_objectives(self.deps, seed, trajectory, reply.value or [], outcome)
         return outcome
+
+    def identity(self) -> str:
+        """Who writes the tasks, for the run's report: the role's model and endpoint."""
+        return llm_writer_identity(self.deps.settings)
+
+
+def llm_writer_identity(settings: AgentEvolverSettings) -> str:
+    """``llm: <model> (llm.roles.task_summarizer -> endpoint <name>)``: which model wrote a run's tasks."""
+    name, endpoint = settings.llm.endpoint_for(ROLE_SUMMARIZER)
+    return f"llm: {endpoint.model} (llm.roles.{ROLE_SUMMARIZER} -> endpoint {name})"
+
+
+def add_objectives(deps: TaskManagerDeps, seed: Task, trajectory: Trajectory, items: Sequence[Any],
+                   outcome: SummaryOutcome) -> None:
+    """Proposed tasks (``query``, ``answer``, ``evidence``, optional ``confidence``) -> objectives in ``outcome``.
+
+    One place for both writers (the LLM and the environment, :mod:`.env_writer`), so their tasks pass the same
+    proof check (grounded profiles: unproved answers are dropped and counted by reason) and carry the same
+    metadata, id and grader.
+    """
+    grounded = deps.profile.answers is not None
+    record = observations(trajectory) if grounded else []
+    for item in items:
+        metadata: dict[str, Any] = {"exploration": f"{seed.task_id}#{trajectory.rollout_id}"}
+        if grounded:
+            assert deps.profile.answers is not None
+            proof = prove(item.query, item.answer, record, deps.profile.answers)
+            outcome.proofs["checked"] += 1
+            if not proof.proved:
+                outcome.proofs[f"rejected_{proof.reason}"] += 1
+                outcome.errors.append(f"unproved answer {item.answer!r} ({proof.reason}): {proof.detail}")
+                continue
+            outcome.proofs["proved"] += 1
+            metadata.update(evidence=item.evidence, proof=proof.metadata())
+        task = Task(
+            task_id=synthetic_task_id(seed.task_id, item.query), env_type=seed.env_type, query=item.query,
+            ground_truth=item.answer, open_query=item.answer is None, evaluator=deps.synthetic_grader,
+            metadata=metadata,
+        )
+        outcome.objectives.append(TaskObjective(task=task, source="synthetic", seed_task_id=seed.task_id,
+                                                confidence=getattr(item, "confidence", None)))

@@ -1,0 +1,294 @@
+"""``task_manager.writer: env``: the environment's profile writes tasks from an exploration, no LLM.
+
+Through the real entry point (``python -m agentevolver.module.task_manager``) on the real ``calc`` service,
+with the explorer played by the scripted OpenAI-compatible server (which records every request): the tasks
+written are the calls the explorer made, their answers the observed results, proved by the same check as
+an LLM's; no request reaches the task writer (or the judge). A profile without the rendering is a clear
+error. Unit tests pin the rendering itself: expression kinds, failed calls, repeats, seed copies, limits.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from env_service_fixture import REPO_ROOT, env_service
+from scripted_openai_server import ScriptedOpenAIServer
+
+from agentevolver.client.env_client import EnvClient
+from agentevolver.config import load_config
+from agentevolver.errors import ConfigError
+from agentevolver.module.task_manager import TaskManager, read_objectives, seed_tasks
+from agentevolver.module.task_manager.env_writer import format_expression, render_tasks
+from agentevolver.module.task_manager.profile import ProfileError, load_profile
+from agentevolver.module.task_manager.prompts import FILTER_SYSTEM, SUMMARIZER_SYSTEM
+from agentevolver.module.task_manager.proof import observations, prove
+from agentevolver.schema import ChatMessage, Task, ToolCall, ToolFunction, Trajectory
+from agentevolver.verl.task_dataset import tasks_from_env_service
+
+CALC = load_profile("calc")
+EXPLORING = "You are now EXPLORING this environment"
+
+# -- the rendering ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("written", "rendered"), [
+    ("17*23", "17 * 23"),
+    ("12*(3+4)", "12 * (3 + 4)"),
+    ("  258 /6 ", "258 / 6"),
+    ("2**10", "2 ** 10"),
+    ("-5+3", "-5 + 3"),
+    ("(12 - 3)/ -3", "(12 - 3) / -3"),
+    ("3×4", "3 × 4"),
+    ("17 * 23 =", "17 * 23"),
+    ("1.5e3*2", "1.5e3 * 2"),
+])
+def test_expressions_are_written_like_the_environments_own_tasks(written: str, rendered: str) -> None:
+    assert format_expression(written) == rendered
+
+
+def _trajectory(calls: list[tuple[str, dict[str, Any], str]], query: str = "What is 65 - 59?") -> Trajectory:
+    """An exploration of a seed task stating ``query``: each (tool, arguments, result) as call + tool message,
+    then a nudge holding a number and a final answer (neither is a tool result)."""
+    messages = [ChatMessage(role="system", content="You are a math assistant. Example: 12 * 31 -> 372."),
+                ChatMessage(role="user", content=query)]
+    for index, (tool, arguments, result) in enumerate(calls):
+        call = ToolCall(id=f"c{index}", function=ToolFunction(name=tool, arguments=json.dumps(arguments)))
+        messages += [ChatMessage(role="assistant", content="", tool_calls=[call]),
+                     ChatMessage(role="tool", content=result, tool_call_id=f"c{index}", name=tool)]
+    messages += [ChatMessage(role="user", content="Reply with FINAL ANSWER: 99."),
+                 ChatMessage(role="assistant", content="FINAL ANSWER: 99")]
+    return Trajectory(task_id="train-single-000", rollout_id=0, env_type="calc", query=query, messages=messages,
+                      metadata={"opening_len": 2, "query_index": 1})
+
+
+CALLS = [
+    ("calculator", {"expression": "17*23"}, "391"),
+    ("calculator", {"expression": "1/0"}, "Error: division by zero."),
+    ("calculator", {"expression": "391 - 100"}, "291"),
+    ("calculator", {"expression": "17 * 23"}, "391"),  # the first call again, spelled differently
+    ("convert_units", {"value": 5, "from_unit": "km", "to_unit": "m"}, "5000"),
+    ("convert_units", {"value": "x", "from_unit": "km", "to_unit": "m"}, 'Error: "value" must be a number.'),
+    ("calculator", {"expression": "(2.5+0.5)/4"}, "0.75"),
+    ("calculator", {"expression": "2**10"}, "1024"),
+    ("calculator", {"expression": "50 - 80"}, "-30"),
+    ("lookup", {"key": "pi"}, "3.14159"),  # a tool the profile gives no template
+    ("calculator", {"expression": "65 - 59"}, "6"),  # the seed task itself
+]
+
+
+def test_each_successful_call_becomes_a_task_with_the_observed_result_as_its_proved_answer() -> None:
+    trajectory = _trajectory(CALLS)
+    record = observations(trajectory)
+    rendering = render_tasks(record, CALC.env_writer, CALC.answers, seed_query=trajectory.query)
+
+    rendered = {task.answer: task.query for task in rendering.tasks}
+    assert list(rendered) == ["391", "291", "5000", "0.75", "1024", "-30"]
+    assert rendered["391"] in ("What is 17 * 23?", "Calculate 17 * 23.", "Compute 17 * 23.",
+                               "What is the value of 17 * 23?")
+    assert "(2.5 + 0.5) / 4" in rendered["0.75"] and "2 ** 10" in rendered["1024"]
+    assert rendered["5000"] in ("How many meters are in 5 kilometers?", "Convert 5 kilometers to meters.",
+                                "What is 5 kilometers in meters?")
+    assert dict(rendering.counts) == {"calls_seen": 11, "calls_failed": 2, "calls_merged": 1,
+                                      "calls_not_rendered": 1, "seed_copies": 1, "tasks_rendered": 6}
+    first = rendering.tasks[0]
+    assert first.evidence == 'calculator({"expression": "17*23"}) -> 391'
+    # every rendered task passes the proof check an LLM writer's tasks go through, unrelaxed
+    for task in rendering.tasks:
+        assert prove(task.query, task.answer, record, CALC.answers).proved, task
+
+
+def test_rendering_is_reproducible_and_capped_like_the_llm_writer() -> None:
+    trajectory = _trajectory(CALLS)
+    record = observations(trajectory)
+    once = render_tasks(record, CALC.env_writer, CALC.answers, seed_query=trajectory.query)
+    again = render_tasks(record, CALC.env_writer, CALC.answers, seed_query=trajectory.query)
+    assert once.tasks == again.tasks
+    capped = render_tasks(record, CALC.env_writer, CALC.answers, seed_query=trajectory.query, limit=2)
+    assert [t.answer for t in capped.tasks] == ["391", "291"] and capped.counts["over_limit"] == 4
+
+
+def test_a_rendering_of_the_seed_task_in_another_template_is_still_a_seed_copy() -> None:
+    for seed_query in ("What is 65 - 59?", "Compute 65 - 59.", "calculate 65 - 59"):
+        rendering = render_tasks(observations(_trajectory(CALLS[-1:], seed_query)), CALC.env_writer, CALC.answers,
+                                 seed_query=seed_query)
+        assert (rendering.tasks, rendering.counts["seed_copies"]) == ([], 1)
+
+
+def test_a_result_the_proof_rejects_is_rendered_but_never_kept() -> None:
+    """The proof is not relaxed for the environment: "What is 7 * 1?" states its own answer."""
+    record = observations(_trajectory([("calculator", {"expression": "7*1"}, "7")]))
+    (task,) = render_tasks(record, CALC.env_writer, CALC.answers).tasks
+    proof = prove(task.query, task.answer, record, CALC.answers)
+    assert (proof.proved, proof.reason) == (False, "answer_in_query")
+
+
+# -- the profile -----------------------------------------------------------------------------------------------
+
+
+def _profile_file(tmp_path: Path, **changes: Any) -> Path:
+    raw = json.loads((REPO_ROOT / "agentevolver/module/task_manager/profiles/calc.json").read_text())
+    for key, value in changes.items():
+        if value is None:
+            raw.pop(key)
+        else:
+            raw[key] = value
+    path = tmp_path / "calc_profile.json"
+    path.write_text(json.dumps(raw))
+    return path
+
+
+@pytest.mark.parametrize(("changes", "message"), [
+    ({"answers": None}, "env_writer needs answers"),
+    ({"env_writer": {"calls": {"calculator": {"templates": ["What is it?"]}}}},
+     "env_writer.calls.calculator: Value error, templates[0] 'What is it?' names no argument"),
+    ({"env_writer": {"calls": {"calculator": {"templates": ["What is {0}?"]}}}}, "are not argument names"),
+    ({"env_writer": {"calls": {}}}, "env_writer.calls: Dictionary should have at least 1 item"),
+    ({"env_writer": {"calls": {"calculator": {"templates": ["{expression}"], "style": "x"}}}},
+     "env_writer.calls.calculator.style: Extra inputs are not permitted"),
+])
+def test_a_bad_rendering_in_a_profile_names_the_field(tmp_path: Path, changes: dict[str, Any], message: str) -> None:
+    with pytest.raises(ProfileError, match=r"calc_profile\.json") as caught:
+        load_profile("calc", _profile_file(tmp_path, **changes))
+    assert message in str(caught.value)
+
+
+def test_writer_env_on_a_profile_without_the_rendering_is_a_config_error(tmp_path: Path) -> None:
+    path = _profile_file(tmp_path, env_writer=None)
+    _cfg, settings = load_config(["env_service.env_type=calc", "task_manager.writer=env", "task_manager.n=1",
+                                  f"task_manager.env_profile={path}"])
+    with pytest.raises(ConfigError) as caught:
+        TaskManager.from_settings(settings).generate_task([Task(task_id="train-single-000", env_type="calc")])
+    text = str(caught.value)
+    assert "task_manager.writer is 'env'" in text and str(path) in text and "env_writer" in text
+
+
+def test_the_writer_key_takes_only_env_or_llm() -> None:
+    with pytest.raises(ConfigError, match=r"task_manager\.writer"):
+        load_config(["task_manager.writer=model"])
+
+
+# -- through the command line on the real calc service ---------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def calc(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    with env_service("calc", tmp_path=tmp_path_factory.mktemp("calc_env_writer")) as running:
+        yield running.url
+
+
+#: What the scripted explorer does, one call per step (calc ends an episode after 4 steps).
+EXPLORER_STEPS = [
+    '<tool_call>\n{"name": "calculator", "arguments": {"expression": "17*23"}}\n</tool_call>',
+    '<tool_call>\n{"name": "calculator", "arguments": {"expression": "1/0"}}\n</tool_call>',
+    '<tool_call>\n{"name": "convert_units", "arguments": {"value": 5, "from_unit": "km", "to_unit": "m"}}\n</tool_call>',
+    '<tool_call>\n{"name": "calculator", "arguments": {"expression": "17 * 23"}}\n</tool_call>',
+]
+
+
+def _explorer(body: dict[str, Any]) -> str:
+    """Plays only the explorer: its n-th reply in an exploration is EXPLORER_STEPS[n]. Any other role's
+    request gets an error reply (and is recorded, so the test sees it)."""
+    system = body["messages"][0]["content"]
+    if EXPLORING not in system or system.startswith((SUMMARIZER_SYSTEM, FILTER_SYSTEM)):
+        return "not an explorer request"
+    done = sum(1 for m in body["messages"] if m["role"] == "assistant" and m["content"] in EXPLORER_STEPS)
+    return EXPLORER_STEPS[min(done, len(EXPLORER_STEPS) - 1)]
+
+
+def _cli(calc: str, scripted: ScriptedOpenAIServer, tmp_path: Path, *extra: str) -> subprocess.CompletedProcess[str]:
+    args = ["--no-progress", "--summary-json", str(tmp_path / "summary.json"),
+            "env_service.env_type=calc", f"env_service.env_url={calc}", "env_service.max_retries=0",
+            f"llm.endpoints.local.base_url={scripted.base_url}", "llm.endpoints.local.max_retries=0",
+            "llm.endpoints.local.backoff_initial_s=0", "llm.endpoints.local.backoff_max_s=0",
+            f"task_manager.synthetic_tasks_path={tmp_path / 'tasks.jsonl'}",
+            f"task_manager.checkpoint_path={tmp_path / 'checkpoint.json'}",
+            "task_manager.n=1", "task_manager.num_seed_tasks=2", "task_manager.max_explore_step=4",
+            "task_manager.num_explore_threads=1", "task_manager.tasks_per_exploration=3", *extra]
+    return subprocess.run([sys.executable, "-m", "agentevolver.module.task_manager", *args], cwd=REPO_ROOT,
+                          capture_output=True, text=True, timeout=600)
+
+
+def test_cli_writer_env_writes_the_observed_calls_as_proved_tasks_without_asking_the_writer(
+        calc: str, scripted_llm: ScriptedOpenAIServer, tmp_path: Path) -> None:
+    scripted_llm.respond_with(_explorer)
+    result = _cli(calc, scripted_llm, tmp_path, "task_manager.writer=env")
+    assert result.returncode == 0, result.stderr + result.stdout
+
+    # every request was the explorer's: none reached the task writer, none the feasibility judge
+    bodies = scripted_llm.bodies
+    assert bodies and all(EXPLORING in b["messages"][0]["content"] for b in bodies)
+    assert not any(b["messages"][0]["content"].startswith((SUMMARIZER_SYSTEM, FILTER_SYSTEM)) for b in bodies)
+
+    written = read_objectives(tmp_path / "tasks.jsonl")
+    assert len(written) == 4  # 2 seeds x (17 * 23, 5 km in m); the error and the repeat skipped
+    by_answer: dict[str, list[Any]] = {}
+    for objective in written:
+        by_answer.setdefault(objective.task.ground_truth, []).append(objective)
+    assert sorted(by_answer) == ["391", "5000"] and all(len(v) == 2 for v in by_answer.values())
+    for objective in written:
+        task = objective.task
+        assert task.evaluator == "reference" and objective.source == "synthetic"
+        assert task.task_id.startswith(f"{objective.seed_task_id}~syn-")
+        # the answer is what the calculator returned, and the proof names the call that returned it
+        assert task.metadata["evidence"].endswith(f"-> {task.ground_truth}")
+        assert task.metadata["proof"]["observation"].strip() == task.ground_truth
+    assert {o.task.query for o in by_answer["5000"]} <= {"How many meters are in 5 kilometers?",
+                                                         "Convert 5 kilometers to meters.", "What is 5 kilometers in meters?"}
+    assert {o.task.query for o in by_answer["391"]} <= {"What is 17 * 23?", "Calculate 17 * 23.",
+                                                        "Compute 17 * 23.", "What is the value of 17 * 23?"}
+
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["writer"].startswith("env: the calc profile renders")
+    counts = summary["counts"]
+    assert (counts["env_calls_seen"], counts["env_calls_failed"], counts["env_calls_merged"]) == (8, 2, 2)
+    assert (counts["answers_checked"], counts["answers_proved"], counts["judged_without_llm"]) == (4, 4, 4)
+    assert counts.get("summary_replies", 0) == 0 and summary["rates"]["proof_rate"] == 1.0
+    assert summary["rates"]["parse_rate"] is None and summary["rates"]["reasks_per_exploration"] is None
+    table = " ".join(result.stdout.split())
+    assert "task writer" in table and "env: the calc profile" in table and "no LLM request" in table
+
+
+def test_cli_report_names_the_llm_writer_model(calc: str, scripted_llm: ScriptedOpenAIServer, tmp_path: Path) -> None:
+    """The same run with the default writer: the report names the model that played the role."""
+    def roles(body: dict[str, Any]) -> str:
+        if body["messages"][0]["content"].startswith(SUMMARIZER_SYSTEM):
+            return json.dumps({"tasks": [{"query": "What is 17 multiplied by 23?", "answer": "391", "evidence": "391"}]})
+        return _explorer(body)
+
+    scripted_llm.respond_with(roles)
+    result = _cli(calc, scripted_llm, tmp_path, "task_manager.num_seed_tasks=1", "task_manager.max_explore_step=1")
+    assert result.returncode == 0, result.stderr + result.stdout
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["writer"] == "llm: smollm2-135m-instruct (llm.roles.task_summarizer -> endpoint local)"
+    assert summary["counts"]["answers_proved"] == 1
+    assert "llm: smollm2-135m-instruct" in " ".join(result.stdout.split())
+
+
+def test_cli_writer_env_without_the_rendering_exits_2_naming_the_key_and_the_profile(
+        calc: str, scripted_llm: ScriptedOpenAIServer, tmp_path: Path) -> None:
+    scripted_llm.respond_with(_explorer)
+    path = _profile_file(tmp_path, env_writer=None)
+    result = _cli(calc, scripted_llm, tmp_path, "task_manager.writer=env", f"task_manager.env_profile={path}")
+    assert result.returncode == 2
+    message = " ".join(result.stderr.split())
+    assert "task_manager.writer is 'env'" in message and "calc_profile.json" in message
+    assert not scripted_llm.requests  # it stopped before exploring
+
+
+def test_the_few_seed_regime_seeds_are_the_capped_training_tasks(calc: str) -> None:
+    """``task_manager.num_seed_tasks=8`` explores exactly the 8 tasks ``data.train_max_samples=8`` trains on
+    (both spread over env_service.train_split), so "8 originals + synthetic" and "the same 8 alone" differ only
+    in the synthetic tasks (docs/task_manager.md, "The few-seed regime")."""
+    _cfg, settings = load_config(["env_service.env_type=calc", f"env_service.env_url={calc}",
+                                  "task_manager.num_seed_tasks=8", "data.train_max_samples=8"])
+    with EnvClient.from_config(settings.env_service) as env:
+        seeds = [s.task_id for s in seed_tasks(env, settings)]
+        train = [row["task_id"] for row in tasks_from_env_service(env, "calc", settings.env_service.train_split, 8)]
+        val = [row["task_id"] for row in tasks_from_env_service(env, "calc", settings.env_service.val_split, -1)]
+    assert seeds == train and len(seeds) == 8 and not set(seeds) & set(val)
