@@ -102,9 +102,10 @@ def test_dry_run_composes_every_run_and_starts_nothing(tmp_path: Path) -> None:
     out = done.stdout
     for key in ("grpo/seed0", "grpo/seed1", "all/seed0", "all/seed1"):
         assert f"{key}  [new]  4 steps" in out
-    # the arm's roles: all three mechanisms' LLM roles, the memory service, the environment
-    assert "judge: smollm2-135m-instruct (local)" in out and "task_explorer: smollm2-135m-instruct" in out
-    assert "exp_summarizer: smollm2-135m-instruct (local)" in out and "reward: env calc" in out
+    # the arm's roles: who plays each (the environment where calc supplies the signal), the memory service
+    assert "judge: env calc (step labels, code)" in out and "task_explorer: smollm2-135m-instruct" in out
+    assert "task_summarizer: env calc (tasks rendered" in out and "reward: env calc" in out
+    assert "exp_summarizer: none: solved episodes stored whole as exemplars (no LLM)" in out
     assert "shared services, started once for every run: env (http://127.0.0.1:8080/healthz), llm" in out
     assert "exp_mode=init_train" in out and "data.seed=1" in out and "trainer.resume_mode=auto" in out
     assert not (tmp_path / "abl").exists()

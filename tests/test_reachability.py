@@ -98,6 +98,25 @@ def test_only_the_services_the_mechanisms_use(base_config: DictConfig) -> None:
     assert "context_clipper" in clip[-1].what
 
 
+@pytest.mark.parametrize(("writer", "needs_writer"), [("llm", True), ("env", False)])
+def test_the_task_writer_endpoint_is_checked_only_when_an_llm_writes(base_config: DictConfig, writer: str,
+                                                                    needs_writer: bool) -> None:
+    cfg = _set(base_config, {"task_manager.n": 1, "task_manager.writer": writer,
+                             "env_service.env_type": "calc"})
+    llm = [e for e in endpoints_in_use(cfg) if e.key.startswith("llm.endpoints.")]
+    assert llm and "task_explorer" in llm[0].what
+    assert ("task_summarizer" in llm[0].what) == needs_writer
+
+
+@pytest.mark.parametrize(("source", "needs_judge"), [("llm", True), ("env", False)])
+def test_the_judge_endpoint_is_checked_only_when_an_llm_labels_steps(base_config: DictConfig, source: str,
+                                                                    needs_judge: bool) -> None:
+    cfg = _set(base_config, {"attribution_driven_credit_assignment.enable": True,
+                             "attribution_driven_credit_assignment.judge.source": source})
+    judged = [e for e in endpoints_in_use(cfg) if "judge" in e.what]
+    assert bool(judged) == needs_judge
+
+
 @pytest.mark.parametrize(("env_type", "grader", "needs_grader"), [
     ("calc", "auto", False),  # calc's observations prove answers: auto is the reference grader, no LLM
     ("calc", "llm", True),

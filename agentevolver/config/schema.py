@@ -85,6 +85,7 @@ class TaskManagerSection(_Section):
     env_profile: str | None
     num_seed_tasks: int = Field(ge=-1)
     tasks_per_exploration: int = Field(ge=1)
+    writer: Literal["env", "llm"]
     parse_retries: int = Field(ge=0)
     demonstrations: bool
     max_observation_chars: int = Field(ge=64)
@@ -120,7 +121,9 @@ class ExpManagerSection(_Section):
     rollout_ratio: float = Field(ge=0.0, le=1.0)
     train_sample_mode: Literal["allkeep", "alldiscard", "hybrid"]
     train_sample_keepratio: float = Field(ge=0.0, le=1.0)
+    experience_kind: Literal["advice", "exemplar"]
     experience_template: str
+    exemplar_template: str
     off_cliprange_high: float = Field(gt=0.0)
     init_exp_before_training: bool
     init_exp_max_tasks: int | None = Field(ge=1)
@@ -130,8 +133,10 @@ class ExpManagerSection(_Section):
 
     @model_validator(mode="after")
     def _template_has_slot(self) -> ExpManagerSection:
-        if "{}" not in self.experience_template:
-            raise ValueError("experience_template must contain '{}' where the retrieved experience goes")
+        for key in ("experience_template", "exemplar_template"):
+            if "{}" not in getattr(self, key):
+                raise ValueError(f"exp_manager.{key} must contain '{{}}' where the retrieved experience goes; "
+                                 f"got {getattr(self, key)!r}")
         return self
 
 
@@ -173,11 +178,24 @@ class AdcaGrpoSection(_Section):
 
 
 class AdcaJudgeSection(_Section):
-    """``attribution_driven_credit_assignment.judge``: how the step judge is asked (the endpoint itself,
-    with its timeout, transport retries, backoff and concurrency limit, is ``llm.roles.judge``)."""
+    """``attribution_driven_credit_assignment.judge``: who labels the steps and how the LLM judge is asked (the
+    endpoint itself, with its timeout, transport retries, backoff and concurrency limit, is ``llm.roles.judge``).
+
+    ``source`` and ``compare_with_env`` have defaults (the YAML's) so that a config saved before they existed
+    still validates; ``compare_with_env: true`` needs ``source: llm`` (with ``env`` there is no LLM label).
+    """
 
     parse_retries: int = Field(ge=0)
     max_message_chars: int = Field(ge=200)
+    source: Literal["llm", "env"] = "llm"
+    compare_with_env: Literal["auto"] | bool = "auto"
+
+    @model_validator(mode="after")
+    def _compare_needs_llm(self) -> AdcaJudgeSection:
+        if self.source == "env" and self.compare_with_env is True:
+            raise ValueError("compare_with_env=true compares the LLM judge's labels with the environment's, but "
+                             "source=env calls no LLM judge: set compare_with_env to auto or false, or source to llm")
+        return self
 
 
 class AdcaSection(_Section):

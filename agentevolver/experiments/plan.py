@@ -218,20 +218,23 @@ def run_roles(cfg: DictConfig, settings: AgentEvolverSettings) -> dict[str, str]
     roles["reward"] = f"env {env}" if tm.grader.original_grader == "env" else f"grader {tm.grader.original_grader}"
     if tm.n > 0:
         roles["task_explorer"] = llm("task_explorer")
-        roles["task_summarizer"] = llm("task_summarizer")
+        roles["task_summarizer"] = llm("task_summarizer") if tm.writer == "llm" else \
+            f"env {env} (tasks rendered from the exploration's calls, code)"
         if "llm_feasibility" in tm.post_filters:
             roles["task_filter"] = llm("task_filter")
     if tm.mixture.synthetic_data_ratio > 0:
         grader = _synthetic_grader(settings)
         roles["synthetic_reward"] = llm("task_grader") if grader == "llm" else \
             f"answer matched to what env {env} proved (code)" if grader == "reference" else f"grader {grader}"
-    if settings.attribution_driven_credit_assignment.enable:
-        roles["judge"] = llm("judge")
+    adca = settings.attribution_driven_credit_assignment
+    if adca.enable:
+        roles["judge"] = llm("judge") if adca.judge.source == "llm" else f"env {env} (step labels, code)"
     memory, exp = settings.memory, settings.exp_manager
     if memory.enable_summarizer or memory.enable_context_generator or exp.init_exp_before_training:
         roles["memory"] = f"memory service {memory.base_url} (workspace {memory.workspace_id})"
     if memory.enable_summarizer or exp.init_exp_before_training or memory.updated_freq > 0:
-        roles["exp_summarizer"] = llm("exp_summarizer")
+        roles["exp_summarizer"] = llm("exp_summarizer") if exp.experience_kind == "advice" else \
+            "none: solved episodes stored whole as exemplars (no LLM)"
     if settings.agent_flow.context_template == "self_clip":
         roles["context_clipper"] = llm("context_clipper")
     return roles

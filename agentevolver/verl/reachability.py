@@ -158,11 +158,14 @@ def _roles_in_use(config: Any) -> list[str]:
     """LLM roles the trainer, task runner or agent-loop workers call with this config (the experience
     summariser is called by the memory service, from its own host)."""
     roles: list[str] = []
-    if _select(config, "attribution_driven_credit_assignment.enable", False):
-        roles.append("judge")
+    if _select(config, "attribution_driven_credit_assignment.enable", False) and \
+            _select(config, "attribution_driven_credit_assignment.judge.source", "llm") == "llm":
+        roles.append("judge")  # source env: the environment service labels the steps, no LLM is called
     n = int(_select(config, "task_manager.n", 0) or 0)
     if n > 0:
-        roles += ["task_explorer", "task_summarizer"]
+        roles.append("task_explorer")
+        if _select(config, "task_manager.writer", "llm") == "llm":
+            roles.append("task_summarizer")  # writer env: the environment profile renders the tasks
         if "llm_feasibility" in (_select(config, "task_manager.post_filters", []) or []):
             roles.append("task_filter")
     graders = {_select(config, "task_manager.grader.original_grader")}
