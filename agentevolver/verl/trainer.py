@@ -175,7 +175,7 @@ class AgentEvolverTrainer(RayPPOTrainer):
             batch.meta_info[SHARED_PROMPTS] = True
         return batch
 
-    def _compute_old_log_prob(self, batch: DataProto):  # noqa: ANN202 (verl's own return: (DataProto, float))
+    def _compute_old_log_prob(self, batch: DataProto) -> tuple[DataProto, float]:
         return super()._compute_old_log_prob(self._share_prompts(batch))
 
     def _compute_ref_log_prob(self, batch: DataProto) -> DataProto:
