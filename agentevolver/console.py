@@ -63,6 +63,11 @@ NOISE: tuple[tuple[str, str], ...] = (
     (r"`torch_dtype` is deprecated", "a transformers deprecation"),
     (r"^'Final validation metrics: None'$", "no final validation was configured"),
     (r"^\s*$", "an empty line (Ray prints one before each progress bar)"),
+    (r"^test_gen_batch meta info:", "verl's validation batch settings"),
+    (r"^validation generation end$", "verl's validation progress note (our 'validation @ step' line follows)"),
+    (r"^\(\"(Initial|Final) validation metrics: \{", "verl's dict of validation metrics (our one-line "
+                                                      "'validation @ step' summary shows them)"),
+    (r"""^ +["'](?:'val-(?:aux|core)/|np\.(?:float|int)\d*\()""", "the continuation lines of that dict"),
 )
 _NOISE = re.compile("|".join(f"(?:{pattern})" for pattern, _ in NOISE))
 

@@ -38,6 +38,12 @@ HIDDEN = [
     f"{W}",
     f"{P}/work/main/agentevolver/verl/trainer.py:88: FutureWarning: Warning: Class "
     "'verl.trainer.ppo.ray_trainer.RayPPOTrainer' is deprecated.",
+    f"{P}test_gen_batch meta info: {{'eos_token_id': 2, 'pad_token_id': 0, 'validate': True, 'global_steps': 4}}",
+    f"{P}validation generation end",
+    f"{P}(\"Initial validation metrics: {{'val-aux/calc/reward/mean@1': np.float64(0.6), \"",
+    f"{P} \"'val-core/calc/acc/mean@1': np.float64(0.6333333333333333), \"",
+    f"{P} \"np.float64(0.8), 'val-aux/num_turns/min': np.int32(2), \"",
+    f"{P} 'np.float64(2.0)}}')",
 ]
 
 
