@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from omegaconf import DictConfig
 from env_service_fixture import env_service
+from omegaconf import DictConfig
 from training_fixture import run_training, training_command, training_timeout
 
 from agentevolver.models import resolve_model_path
