@@ -11,6 +11,8 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from omegaconf import OmegaConf
+
 from agentevolver.errors import ConfigError
 from agentevolver.verl.shared_prefix.layout import SUPPORTED_ATTENTION
 
@@ -22,15 +24,7 @@ _SWITCH = "actor_rollout_ref.actor.use_prefix_grouper"
 
 
 def _get(config: Any, dotted: str, default: Any = None) -> Any:
-    node = config
-    for part in dotted.split("."):
-        try:
-            node = node.get(part) if hasattr(node, "get") else getattr(node, part)
-        except AttributeError:
-            return default
-        if node is None:
-            return default
-    return node
+    return OmegaConf.select(config, dotted, default=default)
 
 
 def check_shared_prompts(config: Any) -> list[str]:
