@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -13,16 +12,12 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+from ports import free_port
 
 from agentevolver.client.memory_client import MemoryClient, MemoryClientSettings
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 class Service:

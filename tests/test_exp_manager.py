@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-from memory_service_fixture import Service, free_port, memory_service, task_summariser
+from memory_service_fixture import Service, memory_service, task_summariser
+from ports import free_port
 from scripted_openai_server import ScriptedOpenAIServer, shared_scripted_llm_server
 
 from agentevolver.client.memory_client import MemoryClient, MemoryClientSettings

@@ -16,7 +16,8 @@ from pathlib import Path
 
 import pytest
 from env_service_fixture import env_service
-from memory_service_fixture import Service, free_port, memory_service, task_summariser
+from memory_service_fixture import Service, memory_service, task_summariser
+from ports import free_port
 from training_fixture import run_training, training_command, training_timeout
 
 from agentevolver.config import compose_config

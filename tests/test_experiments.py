@@ -21,7 +21,8 @@ from pathlib import Path
 
 import pytest
 import yaml
-from env_service_fixture import REPO_ROOT, TESTS_DIR, free_port
+from env_service_fixture import REPO_ROOT, TESTS_DIR
+from ports import free_port
 from rich.console import Console
 from training_fixture import kill_tree, training_command, training_timeout
 

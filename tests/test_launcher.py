@@ -21,7 +21,8 @@ from pathlib import Path
 
 import psutil
 import pytest
-from env_service_fixture import REPO_ROOT, TESTS_DIR, env_service, free_port
+from env_service_fixture import REPO_ROOT, TESTS_DIR, env_service
+from ports import free_port
 from training_fixture import training_timeout
 
 from agentevolver.config import load_config

@@ -24,6 +24,7 @@ import httpx
 import openai
 import pytest
 import yaml
+from ports import free_port
 
 from agentevolver.client import LLMClient, LLMEndpointConfig
 from agentevolver.errors import LLMError
@@ -33,11 +34,6 @@ MODEL = "tiny-test"
 HELLO = [{"role": "user", "content": "say hello"}]
 KEY_ENV = "TEST_LLM_SERVER_KEY"
 
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 @dataclass
@@ -61,7 +57,7 @@ class Server:
 def llm_server(log_dir: Path, *extra: str, model: str = MODEL, env: dict[str, str] | None = None,
                ready_deadline_s: float = 600.0) -> Iterator[Server]:
     """Run the server as a subprocess; yield once ``/healthz`` answers; SIGTERM it afterwards."""
-    port = _free_port()
+    port = free_port()
     log_path = log_dir / f"llm_server_{port}.log"
     with open(log_path, "w") as log:
         process = subprocess.Popen(
@@ -411,9 +407,9 @@ def test_cli_errors_exit_2_with_a_message(tmp_path: Path) -> None:
         taken.listen()
         busy = run("--model", MODEL, "--port", str(taken.getsockname()[1]))
     assert busy.returncode == 2 and "already in use" in busy.stderr
-    unknown = run("--model", "tiny-tset", "--port", str(_free_port()))
+    unknown = run("--model", "tiny-tset", "--port", str(free_port()))
     assert unknown.returncode == 2 and "Did you mean the built-in 'tiny-test'" in unknown.stderr
-    too_long = run("--model", MODEL, "--port", str(_free_port()), "--max-model-len", "100000")
+    too_long = run("--model", MODEL, "--port", str(free_port()), "--max-model-len", "100000")
     assert too_long.returncode == 2 and "max_position_embeddings (4096)" in too_long.stderr
     assert "Traceback" not in busy.stderr + unknown.stderr + too_long.stderr
 

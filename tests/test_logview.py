@@ -26,8 +26,9 @@ import httpx
 import numpy as np
 import pytest
 import torch
-from env_service_fixture import REPO_ROOT, env_service, free_port
+from env_service_fixture import REPO_ROOT, env_service
 from fastapi.testclient import TestClient
+from ports import free_port
 from test_rollout_cli import COMMON, run_cli
 
 from agentevolver.logview import create_app

@@ -21,7 +21,8 @@ from typing import Any
 import httpx
 import numpy as np
 import pytest
-from memory_service_fixture import Service, free_port, memory_service
+from memory_service_fixture import Service, memory_service
+from ports import free_port
 from scripted_openai_server import Reply, ScriptedOpenAIServer, shared_scripted_llm_server
 
 from agentevolver.client.memory_client import MemoryClientError

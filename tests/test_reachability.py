@@ -16,8 +16,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from env_service_fixture import env_service, free_port
+from env_service_fixture import env_service
 from omegaconf import DictConfig, open_dict
+from ports import free_port
 from training_fixture import training_command, training_env, training_timeout
 
 from agentevolver.config import load_config
