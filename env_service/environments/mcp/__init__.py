@@ -39,7 +39,13 @@ from env_service.environments.mcp.config import McpConfig, ServerConfig, load_co
 from env_service.environments.mcp.connection import CallTimeout, Connection, ServerError
 from env_service.environments.mcp.results import ERROR_PREFIX, cut, render_result, schema_problem
 from env_service.environments.mcp.servers import POOL, CatalogTool, catalog
-from env_service.environments.mcp.tasks import McpTask, check_answer, exploration_seeds, final_answer, task_file
+from env_service.environments.mcp.tasks import (
+    McpTask,
+    check_answer,
+    exploration_seeds,
+    final_answer,
+    task_file,
+)
 from env_service.errors import BadAction, EnvServiceError, EnvUnavailable, InstanceFailed, UnknownTask
 from env_service.registry import register_env
 

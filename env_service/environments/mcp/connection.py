@@ -79,7 +79,8 @@ class Connection:
         self._stop: asyncio.Event | None = None
         self._task: asyncio.Task[None] | None = None
         self._dead: str | None = None
-        self._stderr = tempfile.NamedTemporaryFile("w+", prefix=f"mcp-{server.name}-", suffix=".stderr",
+        # open for the connection's life (the server writes to it), closed in close()
+        self._stderr = tempfile.NamedTemporaryFile("w+", prefix=f"mcp-{server.name}-", suffix=".stderr",  # noqa: SIM115
                                                    delete=False, encoding="utf-8")
         self._instance_dir: str | None = None
 
@@ -123,7 +124,7 @@ class Connection:
                 started.set_result(None)
                 assert self._stop is not None
                 await self._stop.wait()
-        except BaseException as err:  # noqa: BLE001 - reported to whoever waits, never raised on the loop
+        except BaseException as err:
             if not started.done():
                 started.set_exception(err if isinstance(err, Exception) else ServerError(str(err)))
             elif self._dead is None and not (self._stop and self._stop.is_set()):
@@ -198,7 +199,7 @@ class Connection:
         future = asyncio.run_coroutine_threadsafe(self._call(session, name, arguments, timeout), _loop())
         try:
             return future.result(timeout + 5)
-        except (TimeoutError, asyncio.TimeoutError) as err:
+        except TimeoutError as err:
             future.cancel()
             raise CallTimeout(f"tool {name!r} of MCP server {self.server.name!r} did not answer within "
                               f"{timeout:g} s (servers.{self.server.name}.call_timeout_s)") from err
@@ -206,7 +207,7 @@ class Connection:
             raise
         except Exception as err:
             err = _leaf(err)
-            if self._task is not None and self._task.done() or _looks_closed(err):
+            if (self._task is not None and self._task.done()) or _looks_closed(err):
                 self._dead = self._dead or f"{type(err).__name__}: {err}"
                 raise ServerError(self._explain(f"died or closed the connection during {name!r} "
                                                 f"({type(err).__name__}: {err})")) from err

@@ -91,6 +91,10 @@ def cut(text: str, limit: int, is_error: bool = False) -> Observation:
 
 
 def _same_json(text: str, structured: Any) -> bool:
+    """Whether the text already says what the structured content does (so it is not repeated): the same
+    JSON, or the SDK's ``{"result": value}`` wrapping of a plain return value."""
+    if isinstance(structured, dict) and list(structured) == ["result"] and str(structured["result"]) == text:
+        return True
     try:
         return json.loads(text) == structured
     except (ValueError, TypeError):
