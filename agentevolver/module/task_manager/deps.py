@@ -15,7 +15,7 @@ from agentevolver.client.env_client import EnvClient
 from agentevolver.client.llm_client import LLMClient, LLMClients
 from agentevolver.config.schema import AgentEvolverSettings, TaskManagerSection
 from agentevolver.errors import ConfigError
-from agentevolver.module.task_manager.profile import EnvProfile, load_profile
+from agentevolver.module.task_manager.profile import EnvProfile, load_profile, shipped_profiles
 
 __all__ = ["ROLE_EXPLORER", "ROLE_FILTER", "ROLE_GRADER", "ROLE_SUMMARIZER", "TaskManagerDeps"]
 
@@ -43,6 +43,13 @@ class TaskManagerDeps:
     def profile(self) -> EnvProfile:
         if self.given_profile is not None:
             return self.given_profile
+        if self.section.env_profile is None and self.env_type not in shipped_profiles() and self.env is not None:
+            # No profile anywhere (e.g. mcp: any server's tools): derive one from the service's tool list.
+            from agentevolver.module.task_manager.tool_profile import profile_from_tools
+
+            tools = self.env.tools(self.env_type)
+            if tools:
+                return profile_from_tools(self.env_type, tools)
         return load_profile(self.env_type, self.section.env_profile)
 
     @property
