@@ -63,8 +63,6 @@ class ServerConfig(BaseModel):
     max_result_chars: int = Field(default=8000, ge=100)
     #: Tool-name prefix when a name collides with another server's tool (default ``<name>__``).
     prefix: str | None = None
-    #: One line about the server for the task writer's profile (default: the server's own instructions).
-    description: str | None = None
 
     @model_validator(mode="after")
     def _one_transport(self) -> ServerConfig:
