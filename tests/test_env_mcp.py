@@ -371,3 +371,23 @@ def test_a_bad_config_names_the_key(tmp_path: Path, config: dict[str, Any], need
     with pytest.raises(EnvUnavailable) as caught:
         parse_config(config, "MCP config 'c.yaml'")
     assert needle.replace("Value error, ", "") in str(caught.value)
+
+
+def test_process_isolation_runs_each_instance_and_its_servers_in_a_process_of_its_own(tmp_path: Path) -> None:
+    config = tmp_path / "servers.json"
+    config.write_text(json.dumps({"servers": [{"name": "time", "command": ["mcp-server-time"]}]}))
+    with env_service("mcp", "--isolation", "mcp=process", tmp_path=tmp_path,
+                     env={"AGENTEVOLVER_MCP_CONFIG": str(config)}) as running:
+        iid = _create(running, "explore-get_current_time")
+        assert "UTC" in _tool_text(_call(running, iid, "get_current_time", {"timezone": "UTC"}))
+        service = psutil.Process(running.process.pid)
+        instance_servers = [p for p in service.children(recursive=True)
+                            if "mcp-server-time" in " ".join(p.cmdline()) and p.ppid() != service.pid]
+        assert instance_servers  # started by the instance's own process, not by the service
+        _post(running, "/release", instance_id=iid)
+        assert _answer_after_release(running, iid)
+
+
+def _answer_after_release(service: RunningService, instance_id: str) -> bool:
+    response = _post(service, "/step", instance_id=instance_id, messages={"role": "assistant", "content": "x"})
+    return response.status_code == 404

@@ -225,7 +225,8 @@ def test_launcher_trains_two_steps_on_mcp_tasks_written_from_the_tool_list(
     objectives = read_objectives(tmp_path / "synthetic.jsonl")
     assert len(objectives) == 2 and all(o.task.evaluator == "llm" for o in objectives)
     rows = [json.loads(line) for line in (tmp_path / "run" / "rollouts" / "step_2.jsonl").read_text().splitlines()]
-    assert rows
+    assert rows and all(r["env_type"] == "mcp" and r["task_id"].startswith("explore-") for r in rows)
+    assert all(r["reward"]["description"].startswith("llm grader") for r in rows)  # synthetic tasks, judged
     assert roles.calls["writer"] == 2 and roles.calls["grader"] >= 4  # every training episode was judged
     record = json.loads((tmp_path / "launcher_record" / "mcp_e2e" / "launch.json").read_text())
     assert record["exit_code"] == 0 and [(s["name"], s["action"]) for s in record["services"]] == [("env", "started")]
