@@ -19,6 +19,7 @@ from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from agentevolver.service_errors import ServiceError
 
@@ -54,6 +55,9 @@ def describe_validation_error(err: RequestValidationError,
     if first.get("type") == "json_invalid":
         reason = first.get("ctx", {}).get("error", first.get("msg"))
         return f"request body is not valid JSON: {reason}", "body"
+    if field is None and tuple(first.get("loc", ())) == ("body",):
+        # The body as a whole has the wrong type (``[null]``, ``"x"``): name it, so the error says what to fix.
+        return f"request body must be a JSON object; got {type(first.get('input')).__name__}", "body"
     phrase = phrases.get(str(first.get("type")))
     if phrase is not None:
         return phrase.format(field=field), field
@@ -80,14 +84,25 @@ def install_error_handlers(app: FastAPI, envelope: Mapping[str, Any], *, service
     @app.exception_handler(_Unauthorized)
     async def on_unauthorized(_: Request, __: _Unauthorized) -> JSONResponse:
         response = error_response(envelope, 401, "unauthorized",
-                                  "missing or wrong bearer token (Authorization header)")
+                                  "missing or wrong bearer token: send 'Authorization: Bearer <token>' with the "
+                                  "token the service's auth_token_env variable holds", "Authorization")
         response.headers["WWW-Authenticate"] = "Bearer"
+        return response
+
+    @app.exception_handler(StarletteHTTPException)
+    async def on_http_error(request: Request, err: StarletteHTTPException) -> JSONResponse:
+        # What FastAPI/Starlette raise themselves: a body that is not UTF-8 JSON (400, which would otherwise
+        # answer ``{"detail": ...}`` without the envelope), an unknown path (404), a wrong method (405).
+        code, field, message = _HTTP_ERRORS.get(err.status_code, (f"http_{err.status_code}", None, str(err.detail)))
+        response = error_response(envelope, err.status_code, code,
+                                  message.format(path=request.url.path, method=request.method), field)
+        response.headers.update(err.headers or {})
         return response
 
     @app.exception_handler(RequestValidationError)
     async def on_invalid(_: Request, err: RequestValidationError) -> JSONResponse:
         message, field = describe_validation_error(err, phrases)
-        status = 400 if field == "body" else 422
+        status = 400 if err.errors() and err.errors()[0].get("type") == "json_invalid" else 422
         return error_response(envelope, status, "invalid_json" if status == 400 else "invalid_request",
                               message, field)
 
@@ -95,6 +110,14 @@ def install_error_handlers(app: FastAPI, envelope: Mapping[str, Any], *, service
     async def on_unexpected(_: Request, err: Exception) -> JSONResponse:
         logger.exception("unexpected error in the %s", service_name)
         return error_response(envelope, 500, "internal_error", f"{type(err).__name__}: {err}")
+
+
+#: Starlette's own errors as (code, field, message): the request part to fix is named as for any other error.
+_HTTP_ERRORS: dict[int, tuple[str, str | None, str]] = {
+    400: ("invalid_json", "body", "request body is not valid JSON: send a UTF-8 JSON object"),
+    404: ("not_found", "path", "no route {path!r}: see /docs for the routes of this service"),
+    405: ("method_not_allowed", "method", "{method} is not allowed on {path}: see /docs for its methods"),
+}
 
 
 def read_auth_token(auth_token_env: str | None) -> str | None:

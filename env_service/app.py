@@ -43,10 +43,12 @@ from agentevolver.schema import (
 from agentevolver.schema.step_labels import EnvCapabilities, StepLabelsData, StepLabelsRequest
 from agentevolver.service_common import error_response, install_error_handlers, read_auth_token, require_token
 from env_service import reference_shape
+from env_service import responses as answers
 from env_service.actions import read_action
 from env_service.base import BaseEnv, Isolation
 from env_service.errors import EnvServiceError
 from env_service.instances import InstanceManager, ManagerLimits
+from env_service.responses import CREATE_ERRORS, ENV_ERRORS, INSTANCE_ERRORS
 
 logger = logging.getLogger(__name__)
 
@@ -136,20 +138,22 @@ def create_app(settings: ServiceSettings, env_classes: dict[str, type[BaseEnv]])
     async def healthz() -> str:
         return "OK"
 
-    @api.get("/envs")
+    @api.get("/envs", response_model=None, responses={200: {"model": answers.EnvsAnswer}, **answers.COMMON_ERRORS})
     async def list_envs() -> dict[str, Any]:
         return _ok(_env_list(env_classes, settings))
 
-    @api.get("/envs/{env_type}/tools")
+    @api.get("/envs/{env_type}/tools", response_model=None,
+             responses={200: {"model": answers.ToolsAnswer}, **ENV_ERRORS})
     async def env_tools(env_type: str) -> dict[str, Any]:
         return _ok(manager.env_class(env_type).tool_schemas())
 
-    @api.get("/envs/{env_type}/capabilities")
+    @api.get("/envs/{env_type}/capabilities", response_model=None,
+             responses={200: {"model": answers.CapabilitiesAnswer}, **ENV_ERRORS})
     async def env_capabilities(env_type: str) -> dict[str, Any]:
         cls = manager.env_class(env_type)
         return _ok(EnvCapabilities(env_type=env_type, capabilities=cls.capabilities()).model_dump())
 
-    @api.post("/step_labels")
+    @api.post("/step_labels", response_model=None, responses={200: {"model": answers.StepLabelsAnswer}, **ENV_ERRORS})
     async def step_labels(body: StepLabelsRequest) -> dict[str, Any]:
         # Class-level and pure: no instance (the episode's is released); off the event loop, since an
         # environment may replay tools to label.
@@ -158,14 +162,16 @@ def create_app(settings: ServiceSettings, env_classes: dict[str, type[BaseEnv]])
         data = StepLabelsData(env_type=body.env_type, task_id=body.task_id, labels=labels)
         return _ok(data.model_dump())
 
-    @api.post("/get_env_profile")
+    @api.post("/get_env_profile", response_model=None,
+              responses={200: {"model": answers.ProfileAnswer}, **ENV_ERRORS})
     async def get_env_profile(body: ProfileRequest) -> dict[str, Any]:
         cls = manager.env_class(body.env_type)
         split = str(body.params.get("split", "train"))
         cls.check_split(split)
         return _ok(cls.task_ids(split))
 
-    @api.post("/create")
+    @api.post("/create", response_model=None,
+              responses={200: {"model": answers.CreateAnswerEnvelope}, **CREATE_ERRORS})
     async def create(body: CreateRequest) -> dict[str, Any]:
         shape, params = _shape(body.params)
         instance_id, state = await manager.create(body.env_type, body.task_id, body.instance_id, params)
@@ -182,7 +188,8 @@ def create_app(settings: ServiceSettings, env_classes: dict[str, type[BaseEnv]])
         tools = info.get("tools") if isinstance(info, dict) else None
         return tools if tools is not None else manager.env_class(env_type).tool_schemas()
 
-    @api.post("/step")
+    @api.post("/step", response_model=None,
+              responses={200: {"model": answers.StepAnswerEnvelope}, **INSTANCE_ERRORS})
     async def step(body: StepRequest) -> dict[str, Any]:
         shape, _ = _shape(body.params)
         outcome = await manager.call(body.instance_id, "step", read_action(body.messages))
@@ -190,18 +197,20 @@ def create_app(settings: ServiceSettings, env_classes: dict[str, type[BaseEnv]])
             outcome["state"] = reference_shape.observation(outcome["state"], bool(outcome["is_terminated"]))
         return _ok(outcome)
 
-    @api.post("/evaluate")
+    @api.post("/evaluate", response_model=None,
+              responses={200: {"model": answers.EvaluateAnswer}, **INSTANCE_ERRORS})
     async def evaluate(body: EvaluateRequest) -> dict[str, Any]:
         sparse = body.params.get("sparse", True)
         if not isinstance(sparse, bool):
             raise EnvServiceError(f"params.sparse must be true or false; got {sparse!r}", field="params.sparse")
         return _ok(await manager.call(body.instance_id, "evaluate", sparse))
 
-    @api.post("/get_info")
+    @api.post("/get_info", response_model=None, responses={200: {"model": answers.InfoAnswer}, **INSTANCE_ERRORS})
     async def get_info(body: InstanceRequest) -> dict[str, Any]:
         return _ok(await manager.call(body.instance_id, "info"))
 
-    @api.post("/release")
+    @api.post("/release", response_model=None,
+              responses={200: {"model": answers.ReleaseAnswer}, **answers.COMMON_ERRORS})
     async def release(body: InstanceRequest) -> Any:
         if await manager.release(body.instance_id):
             return _ok(True)
@@ -210,7 +219,7 @@ def create_app(settings: ServiceSettings, env_classes: dict[str, type[BaseEnv]])
                                f"{body.instance_id!r} (never created, already released, or reaped after idling "
                                f"{settings.idle_timeout_s:g} s)", "instance_id")
 
-    @api.get("/stats")
+    @api.get("/stats", response_model=None, responses={200: {"model": answers.StatsAnswer}, **answers.COMMON_ERRORS})
     async def stats() -> dict[str, Any]:
         return _ok({"live_instances": manager.live, "max_instances": settings.max_instances, **manager.stats})
 

@@ -25,12 +25,16 @@ from agentevolver import __version__
 from agentevolver.memory_service.errors import BadRequest
 from agentevolver.memory_service.models import (
     WORKSPACE_ID_PATTERN,
+    ErrorAnswer,
+    ImportResponse,
+    InfoResponse,
     RetrieveRequest,
     RetrieveResponse,
     SummaryRequest,
     SummaryResponse,
     VectorStoreRequest,
     VectorStoreResponse,
+    WorkspacesResponse,
 )
 from agentevolver.memory_service.service import MemoryService
 from agentevolver.service_common import error_response, install_error_handlers, read_auth_token, require_token
@@ -50,6 +54,18 @@ _PHRASES = {
 
 def _error_response(status: int, code: str, message: str, field: str | None = None) -> JSONResponse:
     return error_response(_ERROR_ENVELOPE, status, code, message, field)
+
+
+def _errors(*statuses: int) -> dict[int | str, dict[str, Any]]:
+    return {status: {"model": ErrorAnswer} for status in statuses}
+
+
+#: Declared errors (the OpenAPI ``responses``): every guarded route may answer 400 (body not JSON), 401
+#: (token), 413 (body too large) and 422 (a field); the LLM-backed routes 502 (LLM or embedder failed) and
+#: 503 (no LLM configured); vector_store 400 (a dump/load path) and 404 (empty source workspace).
+_COMMON = _errors(400, 401, 413, 422)
+_LLM = {**_COMMON, **_errors(502, 503)}
+_STORE = {**_COMMON, **_errors(404, 502)}
 
 
 def _check_workspace(workspace_id: str) -> str:
@@ -93,7 +109,7 @@ def create_app(service: MemoryService) -> FastAPI:
     async def healthz() -> str:
         return "OK"
 
-    @api.get("/info")
+    @api.get("/info", response_model=None, responses={200: {"model": InfoResponse}, **_COMMON})
     async def info() -> dict[str, Any]:
         llm = settings.llm
         return {"success": True, "answer": "", "metadata": {
@@ -103,29 +119,33 @@ def create_app(service: MemoryService) -> FastAPI:
             "llm_roles": dict(llm.roles) if llm else {},
             "summary": settings.summary.model_dump(), "retrieve": settings.retrieve.model_dump()}}
 
-    @api.post("/retrieve_task_memory")
+    @api.post("/retrieve_task_memory", responses=_LLM)
     async def retrieve_task_memory(body: RetrieveRequest) -> RetrieveResponse:
         return await service.retrieve(body)
 
-    @api.post("/summary_task_memory")
+    @api.post("/summary_task_memory", responses=_LLM)
     async def summary_task_memory(body: SummaryRequest) -> SummaryResponse:
         return await service.summarize(body)
 
-    @api.post("/vector_store")
+    @api.post("/vector_store", responses=_STORE)
     async def vector_store(body: VectorStoreRequest) -> VectorStoreResponse:
         return await service.vector_store(body)
 
-    @api.get("/workspaces")
+    @api.get("/workspaces", response_model=None, responses={200: {"model": WorkspacesResponse}, **_COMMON})
     async def workspaces() -> dict[str, Any]:
         return {"success": True, "answer": "", "metadata": {"workspaces": service.store.workspaces()}}
 
-    @api.get("/workspaces/{workspace_id}/export")
+    @api.get("/workspaces/{workspace_id}/export", response_class=StreamingResponse, responses={
+        200: {"content": {"application/x-ndjson": {"schema": {"type": "string"}}},
+              "description": "The workspace as JSONL: one memory (every TaskMemory field) per line."},
+        **_COMMON})
     async def export_workspace(workspace_id: str) -> StreamingResponse:
         lines = await service.export_jsonl(_check_workspace(workspace_id))
         return StreamingResponse(lines, media_type="application/x-ndjson",
                                  headers={"Content-Disposition": f'attachment; filename="{workspace_id}.jsonl"'})
 
-    @api.post("/workspaces/{workspace_id}/import")
+    @api.post("/workspaces/{workspace_id}/import", response_model=None,
+              responses={200: {"model": ImportResponse}, **_STORE})
     async def import_workspace(workspace_id: str, request: Request) -> dict[str, Any]:
         _check_workspace(workspace_id)
         body = await request.body()

@@ -33,7 +33,10 @@ from agentevolver.schema.message import ChatMessage
 __all__ = [
     "ACTIONS",
     "WORKSPACE_ID_PATTERN",
+    "ErrorAnswer",
     "ErrorDetail",
+    "ImportResponse",
+    "InfoResponse",
     "MemoryRecordIn",
     "RejectedMemory",
     "RetrieveMetadata",
@@ -48,6 +51,7 @@ __all__ = [
     "TrajectoryIn",
     "VectorStoreRequest",
     "VectorStoreResponse",
+    "WorkspacesResponse",
     "now_string",
 ]
 
@@ -285,3 +289,57 @@ class VectorStoreMetadata(BaseModel):
 
 class VectorStoreResponse(_Response):
     metadata: VectorStoreMetadata = Field(default_factory=VectorStoreMetadata)
+
+
+class ErrorAnswer(BaseModel):
+    """Every error answer: ReMe's envelope with ``success: false`` and what to fix (declared in the OpenAPI)."""
+
+    success: Literal[False] = False
+    answer: Literal[""] = ""
+    metadata: dict[str, Any] = Field(default_factory=dict)
+    error: ErrorDetail
+
+
+class InfoMetadata(BaseModel):
+    version: str
+    data_dir: str
+    store: str
+    embedder: str
+    dim: int
+    summarizer: str | None = Field(description="The summariser's model name; null without an LLM.")
+    llm_roles: dict[str, str]
+    summary: dict[str, Any]
+    retrieve: dict[str, Any]
+
+
+class InfoResponse(BaseModel):
+    """``GET /info``: what the service runs with (no ``error`` key on the wire)."""
+
+    success: bool = True
+    answer: str = ""
+    metadata: InfoMetadata
+
+
+class WorkspacesMetadata(BaseModel):
+    workspaces: dict[str, int] = Field(description="Workspace id -> number of memories, non-empty ones only.")
+
+
+class WorkspacesResponse(BaseModel):
+    """``GET /workspaces``."""
+
+    success: bool = True
+    answer: str = ""
+    metadata: WorkspacesMetadata
+
+
+class ImportMetadata(BaseModel):
+    imported: int = Field(description="Lines written (upserted by memory_id).")
+    size: int = Field(description="Memories in the workspace afterwards.")
+
+
+class ImportResponse(BaseModel):
+    """``POST /workspaces/{workspace_id}/import``."""
+
+    success: bool = True
+    answer: str
+    metadata: ImportMetadata
