@@ -140,8 +140,8 @@ class McpEnv(BaseEnv):
         self.terminated = False
         self.answer: str | None = None
         self.restarted: list[str] = []
-        for name in self.server_names:
-            self._connection(self.setup.servers[name])  # start instance servers now: a bad one fails /create
+        for name in self.server_names:  # start (or check) the servers now: a bad one fails /create, not a step
+            self._connection(self.setup.servers[name], check=True)
 
     def _server_names(self, requested: Any, task: McpTask) -> list[str]:
         allowed = task.servers or list(self.setup.servers)
@@ -160,10 +160,10 @@ class McpEnv(BaseEnv):
                                   field="params.servers")
         return list(requested)
 
-    def _connection(self, server: ServerConfig) -> Connection:
+    def _connection(self, server: ServerConfig, check: bool = False) -> Connection:
         try:
             if server.scope == "shared":
-                return POOL.get(server)
+                return POOL.get(server, check)
             conn = self.conns.get(server.name)
             if conn is None or not conn.alive:
                 if conn is not None:

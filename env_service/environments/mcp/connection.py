@@ -83,6 +83,7 @@ class Connection:
         self._stderr = tempfile.NamedTemporaryFile("w+", prefix=f"mcp-{server.name}-", suffix=".stderr",  # noqa: SIM115
                                                    delete=False, encoding="utf-8")
         self._instance_dir: str | None = None
+        self.in_flight = 0
 
     # ------------------------------------------------------------------ lifecycle
     @classmethod
@@ -197,6 +198,7 @@ class Connection:
             raise ServerError(self._explain(self._dead or "is not running"))
         timeout = self.server.call_timeout_s
         future = asyncio.run_coroutine_threadsafe(self._call(session, name, arguments, timeout), _loop())
+        self.in_flight += 1
         try:
             return future.result(timeout + 5)
         except TimeoutError as err:
@@ -212,6 +214,21 @@ class Connection:
                 raise ServerError(self._explain(f"died or closed the connection during {name!r} "
                                                 f"({type(err).__name__}: {err})")) from err
             raise
+        finally:
+            self.in_flight -= 1
+
+    def ping(self, timeout: float = 5.0) -> bool:
+        """Whether the server still answers (MCP ``ping``); False marks it dead, so it is restarted."""
+        session = self._session
+        if not self.alive or session is None:
+            return False
+        future = asyncio.run_coroutine_threadsafe(asyncio.wait_for(session.send_ping(), timeout), _loop())
+        try:
+            future.result(timeout + 1)
+            return True
+        except Exception as err:
+            self._dead = self._dead or f"it did not answer a ping ({type(_leaf(err)).__name__})"
+            return False
 
     async def _call(self, session: Any, name: str, arguments: dict[str, Any], timeout: float) -> Any:
         call = asyncio.ensure_future(session.call_tool(name, arguments))

@@ -47,13 +47,18 @@ class SharedPool:
         self._server_locks: dict[str, threading.Lock] = {}
         self.restarts: Counter[str] = Counter()
 
-    def get(self, server: ServerConfig) -> Connection:
-        """The live connection of ``server``, starting it (again) when it is not running."""
+    def get(self, server: ServerConfig, check: bool = False) -> Connection:
+        """The live connection of ``server``, starting it (again) when it is not running.
+
+        ``check`` (at ``/create``): ping an idle server first, so a server that died between episodes is
+        restarted before a new episode starts on it. Mid-episode calls do not ping: a server that dies under
+        an episode fails that episode, as the contract says.
+        """
         with self._lock:
             lock = self._server_locks.setdefault(server.name, threading.Lock())
         with lock:
             conn = self._conns.get(server.name)
-            if conn is not None and conn.alive:
+            if conn is not None and conn.alive and (not check or conn.in_flight or conn.ping()):
                 return conn
             if conn is not None:
                 self.restarts[server.name] += 1
