@@ -41,13 +41,17 @@ from openai.types.chat.chat_completion import Choice as ChatChoice
 from openai.types.chat.chat_completion import ChoiceLogprobs
 from openai.types.chat.chat_completion_message_function_tool_call import ChatCompletionMessageFunctionToolCall
 from openai.types.completion_choice import Logprobs as CompletionLogprobs
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from agentevolver import __version__
 from agentevolver.llm_server.engine import Choice, Engine, SamplingRequest, TokenLogprob
 from agentevolver.llm_server.protocol import (
     ChatCompletionRequest,
     CompletionRequest,
+    ErrorBody,
+    ModelList,
     ServerError,
+    ServerStats,
     validation_error_to_server_error,
 )
 
@@ -57,6 +61,16 @@ logger = logging.getLogger(__name__)
 
 #: Request model per route, for "did you mean" hints on unknown fields.
 _REQUEST_MODELS = {"/v1/chat/completions": ChatCompletionRequest, "/v1/completions": CompletionRequest}
+
+def _errors(*statuses: int) -> dict[int | str, dict[str, Any]]:
+    return {status: {"model": ErrorBody} for status in statuses}
+
+
+#: Declared errors (OpenAI's shape): 400 a field, 401 the key, 404 the model name, 499 the client left,
+#: 500 generation failed, 503 shutting down.
+_ERRORS = _errors(400, 401, 404, 499, 500, 503)
+#: Starlette's own errors (a body that is not UTF-8, an unknown route, a wrong method), in OpenAI's shape.
+_HTTP_PARAMS = {400: "body", 404: "path", 405: "method"}
 
 #: How often a request waiting for its batch checks whether its client is still connected (seconds).
 DISCONNECT_POLL_S = 0.5
@@ -98,7 +112,7 @@ def create_app(
             raise ServerError(
                 401, f"missing or wrong API key: send 'Authorization: Bearer <key>' with the key held in the "
                      f"server's {api_key_env} environment variable",
-                type_="authentication_error", code="invalid_api_key",
+                param="Authorization", type_="authentication_error", code="invalid_api_key",
             )
 
     guarded = [Depends(require_key)]
@@ -107,6 +121,13 @@ def create_app(
     async def on_server_error(_: Request, err: ServerError) -> JSONResponse:
         counters["rejected"] += 400 <= err.status < 499
         return JSONResponse(err.body(), status_code=err.status)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def on_http_error(request: Request, err: StarletteHTTPException) -> JSONResponse:
+        message = ("the body is not valid JSON: send a UTF-8 JSON object" if err.status_code == 400
+                   else f"{request.method} {request.url.path}: {err.detail} (see /docs for the routes)")
+        return await on_server_error(request, ServerError(err.status_code, message,
+                                                          param=_HTTP_PARAMS.get(err.status_code)))
 
     @app.exception_handler(RequestValidationError)
     async def on_invalid(request: Request, err: RequestValidationError) -> JSONResponse:
@@ -129,19 +150,24 @@ def create_app(
     async def healthz() -> str:
         return "OK"
 
-    @app.get("/stats", dependencies=guarded)
+    @app.get("/stats", dependencies=guarded, response_model=None,
+             responses={200: {"model": ServerStats}, **_errors(401)})
     async def stats() -> dict[str, Any]:
         """Generator counters (``batches``, ``rows``, ``max_rows``, tokens, ...), request counters and the
         structured-output counters (grammars compiled, cache hits, constrained choices, refused formats)."""
         return {"model": engine.served_name, "generator": engine.stats, "server": dict(counters),
                 "structured": dict(engine.structured.stats)}
 
-    @app.get("/v1/models", dependencies=guarded)
+    @app.get("/v1/models", dependencies=guarded, response_model=None,
+             responses={200: {"model": ModelList}, **_errors(401)})
     async def models() -> dict[str, Any]:
         card = Model(id=engine.served_name, created=created, object="model", owned_by="agentevolver")
         return {"object": "list", "data": [{**_dump(card), "max_model_len": engine.max_model_len}]}
 
-    @app.post("/v1/chat/completions", dependencies=guarded, response_model=ChatCompletion)
+    @app.post("/v1/chat/completions", dependencies=guarded, response_model=ChatCompletion, responses={
+        200: {"content": {"text/event-stream": {"schema": {"type": "string"}}},
+              "description": "The completion (JSON), or server-sent events with 'stream: true'."},
+        **_ERRORS})
     async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
         """OpenAI chat completions; ``stream: true`` answers server-sent events (see :func:`_chunks`)."""
         counters["chat_requests"] += 1
@@ -161,7 +187,7 @@ def create_app(
             return StreamingResponse(_chunks(response, include_usage), media_type="text/event-stream")
         return JSONResponse(_dump(response))
 
-    @app.post("/v1/completions", dependencies=guarded, response_model=Completion)
+    @app.post("/v1/completions", dependencies=guarded, response_model=Completion, responses=_ERRORS)
     async def completions(body: CompletionRequest, request: Request) -> Response:
         """OpenAI (legacy) text completions over raw prompts: no chat template."""
         counters["completion_requests"] += 1

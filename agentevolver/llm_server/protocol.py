@@ -33,7 +33,10 @@ __all__ = [
     "ChatCompletionRequest",
     "ChatMessageIn",
     "CompletionRequest",
+    "ErrorBody",
+    "ModelList",
     "ServerError",
+    "ServerStats",
     "validation_error_to_server_error",
 ]
 
@@ -61,6 +64,47 @@ class ServerError(Exception):
 
     def body(self) -> dict[str, Any]:
         return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+
+
+class ErrorInfo(BaseModel):
+    """OpenAI's error object; ``param`` names the request field (or header) to change."""
+
+    message: str
+    type: str
+    param: str | None = None
+    code: str | None = None
+
+
+class ErrorBody(BaseModel):
+    """Every error answer of this server (declared in the OpenAPI document for each route)."""
+
+    error: ErrorInfo
+
+
+class ModelCard(BaseModel):
+    """One entry of ``GET /v1/models`` (OpenAI's model object plus vLLM's ``max_model_len``)."""
+
+    id: str
+    object: Literal["model"] = "model"
+    created: int
+    owned_by: str
+    max_model_len: int
+
+
+class ModelList(BaseModel):
+    """``GET /v1/models``: the one model this server serves."""
+
+    object: Literal["list"] = "list"
+    data: list[ModelCard]
+
+
+class ServerStats(BaseModel):
+    """``GET /stats``: the generator's batch counters, request counters and structured-output counters."""
+
+    model: str
+    generator: dict[str, Any]
+    server: dict[str, int]
+    structured: dict[str, Any]
 
 
 # -- messages ------------------------------------------------------------------------------------------------
