@@ -20,6 +20,7 @@ from omegaconf import DictConfig, open_dict
 
 from agentevolver.config import validate_config
 from agentevolver.errors import AgentEvolverError, ConfigError
+from agentevolver.finished_run import finished_message
 
 __all__ = ["check_verl_patches", "main", "prepare_config", "quiet_console", "train"]
 
@@ -91,6 +92,10 @@ def train(cfg: DictConfig) -> None:
     from agentevolver.verl.task_runner import TaskRunner
 
     cfg = prepare_config(cfg)
+    finished = finished_message(cfg)
+    if finished is not None:  # a finished run started again: say so instead of training a step past the end
+        print(f"[agentevolver] {finished}", file=sys.stderr)
+        return
     check_verl_patches()
     quiet_console(cfg)
     run_ppo(cfg, task_runner_class=pin_to_driver_node(TaskRunner))  # it writes the run folder: the driver's node

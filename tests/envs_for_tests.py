@@ -96,6 +96,51 @@ class Lottery(_TenTasks):
         return self.score
 
 
+@register_env("lottery_flaky")
+class LotteryFlaky(Lottery):
+    """``lottery`` where every third instance the service creates raises at its step (a 502 ``instance_failed``
+    the episode ends on): with 4 episodes per training step and no retries, one episode of each of the first
+    two steps fails, whatever order they run in."""
+
+    created = 0
+
+    def __init__(self, task_id: str, instance_id: str, params: dict) -> None:
+        super().__init__(task_id, instance_id, params)
+        LotteryFlaky.created += 1
+        self.number = LotteryFlaky.created
+
+    def step(self, action: ChatMessage) -> StepOutcome:
+        if self.number % 3 == 0:
+            raise RuntimeError(f"lottery_flaky: instance number {self.number} fails on purpose")
+        return super().step(action)
+
+
+@register_env("lottery_broken")
+class LotteryBroken(Lottery):
+    """``lottery`` whose every /create fails (the instance raises while it is built): every episode fails."""
+
+    def __init__(self, task_id: str, instance_id: str, params: dict) -> None:
+        raise RuntimeError("lottery_broken: this environment cannot create instances")
+
+
+#: ``lottery_outage`` kills its service at the first step after this file appears (and removes it first).
+OUTAGE_MARKER_ENV = "LOTTERY_OUTAGE_MARKER"
+
+
+@register_env("lottery_outage")
+class LotteryOutage(Lottery):
+    """``lottery`` whose whole service process dies once, mid-rollout: at the first step after the file named
+    by ``$LOTTERY_OUTAGE_MARKER`` exists (a test creates it when a training step is done). The file is removed
+    first, so the service the launcher starts again lives on."""
+
+    def step(self, action: ChatMessage) -> StepOutcome:
+        marker = os.environ.get(OUTAGE_MARKER_ENV)
+        if marker and os.path.exists(marker):
+            os.remove(marker)
+            os._exit(17)  # the service dies with every live instance: an outage, not an instance failure
+        return super().step(action)
+
+
 @register_env("lottery_turns")
 class LotteryTurns(_TenTasks):
     """Three-step episodes scored like ``lottery`` on the last answer: a multi-turn episode whose reward varies

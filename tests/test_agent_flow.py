@@ -185,18 +185,37 @@ async def test_response_budget_ends_the_episode_with_budget(env: EnvClient, serv
 
 
 async def test_lost_instance_ends_with_env_error_and_is_recorded(env: EnvClient, service: str) -> None:
-    result = await run_one(make_flow(env, ScriptedPolicy(["hello", "crash", "never"])), spec(env_type="echo_process"))
+    result = await run_one(make_flow(env, ScriptedPolicy(["hello", "crash", "never"]), episode_retries=0),
+                           spec(env_type="echo_process"))
     assert result.termination == "env_error" and result.error
     assert result.num_turns == 2 and result.reward.outcome == 0.0
-    assert result.metrics["episode/env_errors"] == 1
+    assert result.metrics["episode/env_errors"] == 1 and result.metrics["episode/restarts"] == 0
+    assert result.failure == "env"
     check_invariants(result)
     assert live_instances(service) == 0
 
 
+async def test_an_episode_whose_environment_failed_runs_again_from_its_start(env: EnvClient, service: str) -> None:
+    """agent_flow.episode_retries: the lost attempt is dropped; the retry is a fresh episode on a new instance."""
+    policy = ScriptedPolicy(["hello", "crash", "again", "bye"])
+    result = await run_one(make_flow(env, policy, episode_retries=2, episode_retry_backoff_s=0.0),
+                           spec(env_type="echo_process"))
+    assert result.termination == "finished" and result.failure is None
+    assert result.metrics["episode/restarts"] == 1
+    assert result.num_turns == 2 and result.metrics.get("episode/env_errors", 0) == 0  # the kept attempt only
+    assert len(policy.calls) == 4
+    assert policy.calls[2]["prompt_ids"] == policy.calls[0]["prompt_ids"]  # the retry starts from the task again
+    check_invariants(result)
+    gave_up = await run_one(make_flow(env, ScriptedPolicy(["crash"] * 3), episode_retries=1, episode_retry_backoff_s=0.0),
+                            spec(env_type="echo_process"))
+    assert gave_up.termination == "env_error" and gave_up.metrics["episode/restarts"] == 1
+    assert live_instances(service) == 0
+
+
 async def test_failed_create_is_an_env_error_episode_without_samples(env: EnvClient) -> None:
-    result = await run_one(make_flow(env, ScriptedPolicy([])), spec(task_id="no-such-task"))
+    result = await run_one(make_flow(env, ScriptedPolicy([]), episode_retries=0), spec(task_id="no-such-task"))
     assert result.termination == "env_error" and "no-such-task" in result.error
-    assert result.samples == [] and result.num_turns == 0
+    assert result.samples == [] and result.num_turns == 0 and result.failure == "env"
 
 
 async def test_generation_failure_is_data_and_the_instance_is_released(env: EnvClient, service: str) -> None:

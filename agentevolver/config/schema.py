@@ -242,6 +242,8 @@ class LauncherSection(_Section):
     poll_interval_s: float = Field(gt=0)
     probe_timeout_s: float = Field(gt=0)
     shutdown_grace_s: float = Field(ge=0)
+    max_restarts: int = Field(ge=0)
+    restart_backoff_s: float = Field(ge=0)
     services: dict[str, ServiceSection]
 
     @model_validator(mode="after")

@@ -2,7 +2,9 @@
 
 Order of events: write the run record; for each selected service, reuse it when its health URL already
 answers, else start it (all at once) and poll every health URL until its deadline; run the training
-command from the recorded config; finally stop what this launch started (training first, then the
+command from the recorded config, supervising the services this launch started (one that exits is started
+again, at most ``launcher.max_restarts`` times, with a doubling back-off; each restart goes to the console and
+to ``launch.json``'s ``restarts``); finally stop what this launch started (training first, then the
 services), on success, failure or Ctrl-C alike. The exit status is the training run's; 3 when a service
 could not be started, 128 + N when the launcher was stopped by signal N.
 
@@ -18,14 +20,17 @@ import signal
 import sys
 import time
 import uuid
+from dataclasses import dataclass
 
 import httpx
 from omegaconf import DictConfig
+from omegaconf.errors import OmegaConfBaseException
 from rich.console import Console
 from rich.text import Text
 
 from agentevolver.config import AgentEvolverSettings
 from agentevolver.errors import AgentEvolverError
+from agentevolver.finished_run import finished_message
 from agentevolver.launcher.plan import DEFAULT_TARGET, LaunchPlan
 from agentevolver.launcher.processes import Unit, exit_status, start_unit, stop_units, sweep_launch
 from agentevolver.launcher.record import RunRecord
@@ -47,6 +52,18 @@ class LaunchError(AgentEvolverError):
     """A service could not be started or did not become healthy; the message says which and where."""
 
 
+@dataclass
+class _Supervision:
+    """How one started service has fared while training runs."""
+
+    restarts: int = 0
+    #: monotonic time of the planned restart, while the service is down and one is planned
+    restart_at: float | None = None
+    #: started again, and not yet answering its health URL
+    recovering_since: float | None = None
+    gave_up: bool = False
+
+
 class _Launch:
     def __init__(self, plan: LaunchPlan, settings: AgentEvolverSettings, console: Console,
                  signals: SignalFlags) -> None:
@@ -58,6 +75,9 @@ class _Launch:
         self.launch_id = uuid.uuid4().hex
         self.record = RunRecord(plan.record_dir)
         self.services: list[tuple[ServicePlan, Unit]] = []
+        self.service_env: dict[str, dict[str, str]] = {}
+        self.supervision: dict[str, _Supervision] = {}
+        self.restarts: list[dict[str, object]] = []
         self.reused: list[ServicePlan] = []
         self.training: Unit | None = None
         self.client = httpx.Client(timeout=self.launcher.probe_timeout_s)
@@ -86,8 +106,10 @@ class _Launch:
         base_env = {**os.environ, "PYTHONUNBUFFERED": "1"}  # so a failing service's log shows its last words
         for svc in to_start:
             log_path = self.record.log_path(svc.log_file)
+            self.service_env[svc.name] = {**base_env, **svc.env}
+            self.supervision[svc.name] = _Supervision()
             try:
-                unit = start_unit(svc.name, svc.argv, env={**base_env, **svc.env}, launch_id=self.launch_id,
+                unit = start_unit(svc.name, svc.argv, env=self.service_env[svc.name], launch_id=self.launch_id,
                                   log_path=log_path)
             except OSError as err:
                 raise LaunchError(f"service {svc.name!r}: cannot run {svc.argv[0]!r}: {err.strerror or err} "
@@ -149,18 +171,68 @@ class _Launch:
         self.say(f"training: {shlex.join(argv)}")
         self.training = start_unit("training", argv, env=dict(os.environ), launch_id=self.launch_id)
         self.record.update(training={"argv": argv, "pid": self.training.pid})
-        warned: set[str] = set()
         while True:
             self.signals.check()
             code = self.training.process.poll()
             if code is not None:
                 return exit_status(code)
-            for svc, unit in self.services:
-                if svc.name not in warned and unit.process.poll() is not None:
-                    warned.add(svc.name)
-                    self.say(f"service {svc.name!r} exited with status {exit_status(unit.process.returncode)} "
-                             f"while training runs; log: {unit.log_path}", warning=True)
+            for index in range(len(self.services)):
+                self.supervise(index)
             time.sleep(self.launcher.poll_interval_s)
+
+    def supervise(self, index: int) -> None:
+        """One look at a started service while training runs: plan a restart when it has exited, carry out a
+        planned one when its back-off is over, say when a restarted one answers its health URL again."""
+        svc, unit = self.services[index]
+        state = self.supervision[svc.name]
+        now = time.monotonic()
+        if state.recovering_since is not None and probe(self.client, svc.health_url) is None:
+            self.say(f"service {svc.name!r} is healthy again after {now - state.recovering_since:.1f} s "
+                     f"({svc.health_url})")
+            state.recovering_since = None
+        if unit.process.poll() is None or state.gave_up:
+            return
+        if state.restart_at is None:
+            status = exit_status(unit.process.returncode)
+            if state.restarts >= self.launcher.max_restarts:
+                state.gave_up = True
+                self.say(f"service {svc.name!r} exited with status {status} while training runs and is not "
+                         f"started again (launcher.max_restarts={self.launcher.max_restarts} reached); the run "
+                         f"goes on without it, its episodes fail and are counted; log: {unit.log_path}",
+                         warning=True)
+                self.record_restart(svc, unit, status, restarted=False)
+                return
+            delay = self.launcher.restart_backoff_s * 2 ** state.restarts
+            state.restart_at = now + delay
+            self.say(f"service {svc.name!r} exited with status {status} while training runs; starting it again "
+                     f"in {delay:g} s (restart {state.restarts + 1} of at most {self.launcher.max_restarts}); "
+                     f"log: {unit.log_path}", warning=True)
+            return
+        if now < state.restart_at:
+            return
+        status = exit_status(unit.process.returncode)
+        stop_units([unit], signal.SIGTERM, min(self.launcher.shutdown_grace_s, 5.0))  # orphans of its session
+        try:
+            new = start_unit(svc.name, svc.argv, env=self.service_env[svc.name], launch_id=self.launch_id,
+                             log_path=unit.log_path, append=True)
+        except OSError as err:
+            state.gave_up = True
+            self.say(f"service {svc.name!r} cannot be started again: {err.strerror or err}", warning=True)
+            self.record_restart(svc, unit, status, restarted=False)
+            return
+        state.restarts += 1
+        state.restart_at = None
+        state.recovering_since = now
+        self.services[index] = (svc, new)
+        self.say(f"started {svc.name!r} again (pid {new.pid}); waiting for {svc.health_url}")
+        self.record_restart(svc, unit, status, restarted=True, pid=new.pid)
+
+    def record_restart(self, svc: ServicePlan, unit: Unit, status: int, *, restarted: bool,
+                       pid: int | None = None) -> None:
+        """One line of ``launch.json``'s ``restarts`` (and the service rows with their current pid)."""
+        self.restarts.append({"service": svc.name, "at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+                              "exit_status": status, "old_pid": unit.pid, "restarted": restarted, "pid": pid})
+        self.record.update(restarts=self.restarts, services=self.service_records())
 
     # -- shutdown -------------------------------------------------------------------------------------------
     def shutdown(self) -> None:
@@ -187,7 +259,9 @@ class _Launch:
     def service_records(self) -> list[dict[str, object]]:
         rows: list[dict[str, object]] = [
             {"name": svc.name, "action": "started", "pid": unit.pid, "url": svc.url, "health_url": svc.health_url,
-             "argv": list(svc.argv), "log": str(unit.log_path)} for svc, unit in self.services
+             "argv": list(svc.argv), "log": str(unit.log_path),
+             "restarts": self.supervision[svc.name].restarts if svc.name in self.supervision else 0}
+            for svc, unit in self.services
         ]
         rows += [{"name": svc.name, "action": "reused", "url": svc.url, "health_url": svc.health_url}
                  for svc in self.reused]
@@ -197,6 +271,14 @@ class _Launch:
 def launch(plan: LaunchPlan, cfg: DictConfig, settings: AgentEvolverSettings, *, command_line: list[str],
            console: Console) -> int:
     """Run the launch; returns the exit status (the training run's, or see the module docstring)."""
+    if plan.target == DEFAULT_TARGET:
+        try:
+            finished = finished_message(cfg)
+        except OmegaConfBaseException:  # e.g. ${oc.env:X} only the trainer's machine has: main_ppo asks again
+            finished = None
+        if finished is not None:  # before the run record, so the finished run's record and logs stay
+            say(console, finished)
+            return 0
     signals = SignalFlags()
     with signals.installed():
         run = _Launch(plan, settings, console, signals)

@@ -60,17 +60,18 @@ class Unit:
 
 
 def start_unit(name: str, argv: Sequence[str], *, env: Mapping[str, str], launch_id: str,
-               log_path: Path | None = None, cwd: Path | None = None) -> Unit:
+               log_path: Path | None = None, cwd: Path | None = None, append: bool = False) -> Unit:
     """Start ``argv`` as the leader of a new session; output to ``log_path`` (or inherited when None).
 
     stdin is /dev/null: a child in another session cannot read the terminal anyway, and one that tried
-    would stop the launch instead of failing.
+    would stop the launch instead of failing. ``append`` keeps what the log holds (a restarted service's
+    log keeps the last words of the run that died).
     """
     child_env = {**env, LAUNCH_ID_ENV: launch_id}
     log: IO[bytes] | None = None
     if log_path is not None:
         log_path.parent.mkdir(parents=True, exist_ok=True)
-        log = open(log_path, "wb")  # noqa: SIM115 - the child owns the descriptor after Popen
+        log = open(log_path, "ab" if append else "wb")  # noqa: SIM115 - the child owns the descriptor after Popen
     try:
         process = subprocess.Popen(
             list(argv), env=child_env, cwd=cwd, stdin=subprocess.DEVNULL,

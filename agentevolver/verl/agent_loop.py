@@ -198,8 +198,11 @@ def to_agent_loop_output(result: EpisodeResult, tokenizer: Any, response_length:
     ``response_length`` (``rollout.response_length``) pads ``step_ids`` to the batch's response width
     (:func:`padded_step_ids`); without it they stay a list.
 
-    An episode that failed before its first prompt (e.g. /create failed) still yields a sample, so the
-    batch keeps its shape: a one-token prompt and an empty response (no token is trained), reward 0.
+    An episode that failed before its first prompt (e.g. /create failed) still yields a well-formed sample,
+    so the batch keeps its shape and verl's checks hold: a one-token prompt, an empty response and empty
+    rollout log-probs (verl takes the batch's ``rollout_log_probs`` from the first episode's, so one episode
+    without them used to drop them for all, and bypass mode then stopped the run), reward 0. ``failure``
+    says which service failed; the trainer keeps such episodes out of the update.
     """
     sample = result.final_sample
     if sample is not None:
@@ -207,11 +210,13 @@ def to_agent_loop_output(result: EpisodeResult, tokenizer: Any, response_length:
         response_mask, logprobs, step_ids = sample.response_mask, sample.response_logprobs, sample.step_ids
     else:
         prompt_ids = [tokenizer.eos_token_id if tokenizer.eos_token_id is not None else 0]
-        response_ids, response_mask, logprobs, step_ids = [], [], None, []
+        response_ids, response_mask, logprobs, step_ids = [], [], [], []
     record = result.to_dump_record(step=-1)
     extra = {
         "step_ids": padded_step_ids(step_ids, response_length) if response_length else step_ids,
         "termination": result.termination,
+        # The service that failed ("" for a good episode): kept out of the update (agentevolver.verl.faults).
+        "failure": result.failure or "",
         "task_id": result.task_id,
         "group_id": result.group_id,
         "reward_outcome": result.reward.outcome,

@@ -34,6 +34,8 @@ _SUMS = {
     "episode/parse_errors": "episode/parse_errors",
     "episode/mad_steps": "episode/mad_steps",
     "tool/calls": "episode/tool_calls",
+    # Attempts run again because their environment failed (agent_flow.episode_retries).
+    "episode/restarts": "episode/restarts",
     # Self-Navigating: retrievals that failed (the memory service was down or answered an error).
     "exp/retrieve_errors": "exp/retrieve_errors",
 }

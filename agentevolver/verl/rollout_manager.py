@@ -1,9 +1,17 @@
-"""verl's agent-loop manager with Self-Navigating's experience plan applied to every batch it rolls out.
+"""verl's agent-loop manager with this project's two rollout-time stages around every batch it rolls out.
 
 verl's trainer repeats each task's row ``rollout.n`` times and hands the batch straight to
 ``async_rollout_manager.generate_sequences`` (training and validation alike); that call is the one place
-where a step's rows exist with their group ids before any episode starts, so the plan is drawn there. The
-wrapper forwards everything else to verl's manager unchanged, so no verl code is copied or patched.
+where a step's rows exist with their group ids before any episode starts, and where its episodes exist
+before verl spends anything on them. So two stages sit there:
+
+- before: Self-Navigating's experience plan (per-row keep/discard and add-experience columns; the first call
+  builds the initial memory), when an experience manager is active;
+- after (training batches): the failed-episode check (:func:`agentevolver.verl.faults.check_failed_share`):
+  a step in which every episode, or more than ``agent_flow.max_failed_share`` of them, failed stops the run
+  here with a message naming the service, before verl's own checks meet a batch with no token to train.
+
+The wrapper forwards everything else to verl's manager unchanged, so no verl code is copied or patched.
 """
 
 from __future__ import annotations
@@ -13,34 +21,40 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from agentevolver.module.exp_manager.manager import ExperienceManager
+from agentevolver.verl.faults import check_failed_share
 
-__all__ = ["ExperienceRolloutManager", "initial_rollouts"]
+__all__ = ["StepRolloutManager", "initial_rollouts"]
 
 logger = logging.getLogger(__name__)
 
 
-class ExperienceRolloutManager:
-    """Wraps verl's ``AgentLoopManager``; ``before_first`` runs once, before the first batch (the initial
-    memory build needs the rollout servers, which exist only once workers are up)."""
+class StepRolloutManager:
+    """Wraps verl's ``AgentLoopManager`` (module docstring); ``before_first`` runs once, before the first batch
+    (the initial memory build needs the rollout servers, which exist only once workers are up)."""
 
-    def __init__(self, inner: Any, manager: ExperienceManager,
+    def __init__(self, inner: Any, manager: ExperienceManager | None, *, max_failed_share: float,
                  before_first: Callable[[Any, bool, int], None] | None = None) -> None:
         self.inner = inner
         self.manager = manager
-        self._before_first = before_first
+        self.max_failed_share = max_failed_share
+        self._before_first = before_first if manager is not None else None
         #: ``exp/*`` numbers of the last training batch's plan (merged into that step's metrics).
         self.last_plan: dict[str, float] = {}
 
     def generate_sequences(self, batch: Any) -> Any:
         validate = bool(batch.meta_info.get("validate", False))
         step = int(batch.meta_info.get("global_steps", 0))
-        if self._before_first is not None:
-            first, self._before_first = self._before_first, None
-            first(self.inner, validate, step)
-        plan = self.manager.plan(batch, validate=validate, step=step)
+        if self.manager is not None:
+            if self._before_first is not None:
+                first, self._before_first = self._before_first, None
+                first(self.inner, validate, step)
+            plan = self.manager.plan(batch, validate=validate, step=step)
+            if not validate:
+                self.last_plan = plan
+        output = self.inner.generate_sequences(batch)
         if not validate:
-            self.last_plan = plan
-        return self.inner.generate_sequences(batch)
+            check_failed_share(output.non_tensor_batch, self.max_failed_share, step)
+        return output
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.inner, name)

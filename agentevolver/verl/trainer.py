@@ -6,25 +6,29 @@ service. **One training step**, in order (``*`` = ours; verl's timers are ``timi
 ``old_log_prob``, ``ref``, ``adv``, ``update_actor``, ...; ours are ``timing_s/<stage>``):
 
 1. tasks: a batch of rows from :class:`~agentevolver.verl.task_dataset.TaskDataset` (the task manager's mixture)
-2. ``*`` experience plan (Self-Navigating): :class:`~agentevolver.verl.rollout_manager.ExperienceRolloutManager`
+2. ``*`` experience plan (Self-Navigating): :class:`~agentevolver.verl.rollout_manager.StepRolloutManager`
    writes per-row keep/discard and add-experience columns; the first call builds the initial memory
 3. rollout: verl's agent-loop manager runs ``rollout.n`` episodes per task (:mod:`agentevolver.verl.agent_loop`);
-   the episode's reward is its score (env ``/evaluate`` or the task's grader)
+   the episode's reward is its score (env ``/evaluate`` or the task's grader); ``*`` then a step in which too
+   many episodes failed stops the run, naming the service (:func:`agentevolver.verl.faults.check_failed_share`)
 4. old / reference log-probs (verl; the rollout's in bypass mode), advantages (verl's ``compute_advantage``)
-5. ``*`` ``adca_judge`` (Self-Attributing): the judge labels steps, ADCA-GRPO advantages replace GRPO's
-6. ``*`` ``dump``: ``rollouts/step_<N>.jsonl`` with the advantages trained on (before the update and the
+5. ``*`` ``faults``: episodes whose environment, rollout server or grader failed are kept out of the update
+   (no loss on their tokens, no say in a group's baseline: advantages computed again without them;
+   :mod:`agentevolver.verl.faults`)
+6. ``*`` ``adca_judge`` (Self-Attributing): the judge labels steps, ADCA-GRPO advantages replace GRPO's
+7. ``*`` ``dump``: ``rollouts/step_<N>.jsonl`` with the advantages trained on (before the update and the
    checkpoint, so a crash never loses a step's episodes)
-7. ``*`` ``episode_metrics``: success, how episodes ended, env/parse errors, generate/env time
-8. ``*`` ``sample_rows``: earlier samples of multi-sample episodes become rows with the episode's advantage
+8. ``*`` ``episode_metrics``: success, how episodes ended, env/parse errors, generate/env time
+9. ``*`` ``sample_rows``: earlier samples of multi-sample episodes become rows with the episode's advantage
    (:mod:`agentevolver.verl.sample_rows`), padded to whole mini-batches
-9. ``*`` ``exp_mask`` (Self-Navigating): per-token off-policy mask + clip for the ``exp_on_off`` loss
-10. ``*`` ``actor_update``: verl's actor update (the loss that reads ``exp_mask`` was given to the actor
+10. ``*`` ``exp_mask`` (Self-Navigating): per-token off-policy mask + clip for the ``exp_on_off`` loss
+11. ``*`` ``actor_update``: verl's actor update (the loss that reads ``exp_mask`` was given to the actor
     through ``set_loss_fn`` in :meth:`AgentEvolverTrainer.init_workers`)
-11. ``*`` ``memory_summary`` (Self-Navigating): every ``memory.updated_freq`` steps the episodes are summarised
+12. ``*`` ``memory_summary`` (Self-Navigating): every ``memory.updated_freq`` steps the episodes are summarised
     into the memory service in the background
-12. checkpoint, weights to the rollout servers, validation, logging (verl)
+13. checkpoint, weights to the rollout servers, validation, logging (verl)
 
-Stages 5-11 run inside verl's ``update_actor`` timer, so ``timing_s/update_actor`` is their sum;
+Stages 5-12 run inside verl's ``update_actor`` timer, so ``timing_s/update_actor`` is their sum;
 ``timing_s/actor_update`` is the update alone. The stage objects are built in ``__init__`` (a bad ADCA or
 memory config fails before any worker or rollout server starts) and closed in ``fit``'s ``finally``.
 """
@@ -45,11 +49,13 @@ from verl.trainer.ppo.ray_trainer import RayPPOTrainer
 
 from agentevolver.config import validate_config
 from agentevolver.errors import ConfigError
+from agentevolver.finished_run import already_trained_message
 from agentevolver.module.adv_processor import AdcaStage
 from agentevolver.module.agent_flow.dump import RolloutDumpWriter
 from agentevolver.module.exp_manager.manager import ExperienceManager
 from agentevolver.verl.episode_metrics import episode_metrics
-from agentevolver.verl.rollout_manager import ExperienceRolloutManager, initial_rollouts
+from agentevolver.verl.faults import exclude_failed, failure_metrics
+from agentevolver.verl.rollout_manager import StepRolloutManager, initial_rollouts
 from agentevolver.verl.sample_rows import expand_sample_rows, minibatch_rows, refusal
 from agentevolver.verl.shared_prefix.checks import check_shared_prompts
 
@@ -86,7 +92,7 @@ class AgentEvolverTrainer(RayPPOTrainer):
     """RayPPOTrainer plus this project's stages (see the module docstring for the step in order)."""
 
     #: Our stages of the update, in the order they run (each timed as ``timing_s/<name>``).
-    STAGES = ("adca_judge", "dump", "episode_metrics", "sample_rows", "exp_mask", "actor_update", "memory_summary")
+    STAGES = ("faults", "adca_judge", "dump", "episode_metrics", "sample_rows", "exp_mask", "actor_update", "memory_summary")
 
     def __init__(self, *args: Any, settings: Any = None, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -111,8 +117,9 @@ class AgentEvolverTrainer(RayPPOTrainer):
         self._give_actor_exp_loss()
         if self._exp is not None:
             self._exp.check_memory()
-            self.async_rollout_manager = ExperienceRolloutManager(
-                self.async_rollout_manager, self._exp, before_first=self._initial_memory)
+        self.async_rollout_manager = StepRolloutManager(
+            self.async_rollout_manager, self._exp, before_first=self._initial_memory,
+            max_failed_share=float(self.config.agent_flow.max_failed_share))
 
     def _give_actor_exp_loss(self) -> None:
         """The actor's loss through verl's ``set_loss_fn``: verl's ``ppo_loss`` that also shows a registered
@@ -135,13 +142,27 @@ class AgentEvolverTrainer(RayPPOTrainer):
             self._exp.initial_summary(
                 initial_rollouts(self, rollout_manager, self._exp.exp.init_exp_max_tasks))
 
+    def _load_checkpoint(self) -> Any:
+        """verl's resume, then a stop when the checkpoint is already the last step: verl would otherwise
+        train one step past ``total_training_steps`` (:mod:`agentevolver.finished_run`; the driver asks first
+        where the step count is configured, this covers counts that come from the dataset)."""
+        loaded = super()._load_checkpoint()
+        if self.global_steps >= self.total_training_steps > 0:
+            raise _AlreadyTrained(already_trained_message(
+                self.global_steps, self.total_training_steps, str(self.config.trainer.default_local_dir),
+                str(self.config.trainer.experiment_name)))
+        return loaded
+
     def fit(self) -> None:
         finished = False
         try:
             if self._exp is not None and self._exp.exp.init_exp_only:
                 self._build_memory_only()
             else:
-                super().fit()
+                try:
+                    super().fit()
+                except _AlreadyTrained as done:
+                    logger.warning("%s", done)
             finished = True
         finally:
             if self._exp is not None:
@@ -150,7 +171,7 @@ class AgentEvolverTrainer(RayPPOTrainer):
 
     def _build_memory_only(self) -> None:
         """``init_exp_only``: build the memory from the training tasks and stop (no update, no checkpoint)."""
-        assert self._exp is not None and isinstance(self.async_rollout_manager, ExperienceRolloutManager)
+        assert self._exp is not None and isinstance(self.async_rollout_manager, StepRolloutManager)
         self.checkpoint_manager.update_weights(0)
         metrics = self._exp.initial_summary(
             initial_rollouts(self, self.async_rollout_manager.inner, self._exp.exp.init_exp_max_tasks))
@@ -183,14 +204,17 @@ class AgentEvolverTrainer(RayPPOTrainer):
 
     # ------------------------------------------------------------------ the update's stages
     def _update_actor(self, batch: DataProto) -> DataProto:
-        """Stages 5-11 of the step (module docstring), on the episode rows verl hands over."""
+        """Stages 5-12 of the step (module docstring), on the episode rows verl hands over."""
         self._timings = {}
         metrics: dict[str, float] = {}
         step = self.global_steps
+        with self._stage("faults"):
+            metrics.update(failure_metrics(batch.non_tensor_batch))
+            exclude_failed(batch, recompute_advantages=self._recompute_advantages)
         with self._stage("adca_judge"):
             metrics.update(self._adca.apply(batch, step))
         with self._stage("dump"):
-            self._dump(batch, step)
+            metrics.update(self._dump(batch, step))
         with self._stage("episode_metrics"):
             metrics.update(episode_metrics(batch.non_tensor_batch))
         with self._stage("sample_rows"):
@@ -208,12 +232,32 @@ class AgentEvolverTrainer(RayPPOTrainer):
         output.meta_info["metrics"].update(self._timings)
         return output
 
-    def _dump(self, batch: DataProto, step: int) -> None:
+    def _recompute_advantages(self, batch: DataProto) -> DataProto:
+        """verl's ``compute_advantage`` with the arguments its ``fit`` passes (the ``faults`` stage)."""
+        from verl.trainer.ppo.ray_trainer import compute_advantage
+
+        algorithm = self.config.algorithm
+        return compute_advantage(
+            batch, adv_estimator=algorithm.adv_estimator, gamma=algorithm.gamma, lam=algorithm.lam,
+            num_repeat=self.config.actor_rollout_ref.rollout.n,
+            norm_adv_by_std_in_grpo=algorithm.get("norm_adv_by_std_in_grpo", True), config=algorithm)
+
+    def _dump(self, batch: DataProto, step: int) -> dict[str, float]:
+        """Write the step's rollout dump. A full disk or another write error loses the dump, not the run: a
+        warning names the file and what it would have held, and ``dump/lost_episodes`` counts them."""
         dump = self.config.agent_flow.dump
-        if dump.enable:
-            path = RolloutDumpWriter(str(dump.dir)).write_records(
-                step, dump_records(batch, step, bool(dump.include_messages)))
-            logger.info("rollout dump of step %d: %s", step, path)
+        if not dump.enable:
+            return {}
+        records = dump_records(batch, step, bool(dump.include_messages))
+        try:
+            path = RolloutDumpWriter(str(dump.dir)).write_records(step, records)
+        except OSError as err:
+            logger.warning("rollout dump of step %d NOT written to %s (%s): its %d episodes are lost from the dump; "
+                           "training goes on (free space there, or move agent_flow.dump.dir)", step, dump.dir,
+                           err.strerror or err, len(records))
+            return {"dump/lost_episodes": float(len(records))}
+        logger.info("rollout dump of step %d: %s", step, path)
+        return {"dump/lost_episodes": 0.0}
 
     def _sample_rows(self, batch: DataProto) -> tuple[DataProto, dict[str, float]]:
         config = self.config
@@ -241,6 +285,10 @@ class AgentEvolverTrainer(RayPPOTrainer):
             return values[: len(values) - pad] if pad else values
 
         return run
+
+
+class _AlreadyTrained(Exception):
+    """Raised out of verl's ``fit`` by :meth:`AgentEvolverTrainer._load_checkpoint`; ``fit`` ends quietly."""
 
 
 def check_stages(config: Any, settings: Any, *, use_critic: bool) -> None:

@@ -60,6 +60,9 @@ class AgentFlowConfig(_Model):
     on_parse_error: Literal["feedback", "env", "terminate"] = "feedback"
     max_parse_errors: int = Field(default=3, ge=1)
     max_env_errors: int = Field(default=3, ge=1)
+    episode_retries: int = Field(default=2, ge=0)
+    episode_retry_backoff_s: float = Field(default=5.0, ge=0)
+    max_failed_share: float = Field(default=0.5, ge=0, le=1)
     sparse_reward: bool = True
     success_threshold: float = 1.0
     tool_modules: list[str] = Field(default_factory=list)

@@ -74,6 +74,22 @@ class EpisodeResult(BaseModel):
         return self.samples[-1] if self.samples else None
 
     @property
+    def failure(self) -> str | None:
+        """The service whose failure leaves this episode without a trustworthy reward, or None.
+
+        ``env`` - the environment failed (``env_error``, or /evaluate failed); ``rollout`` - anything else
+        ended it (``error``: the rollout server, a bug); ``grader`` - the task's grader could not judge it.
+        The trainer keeps such episodes out of the update (:mod:`agentevolver.verl.faults`).
+        """
+        if self.termination == "env_error" or self.metrics.get("episode/evaluate_errors", 0.0) > 0:
+            return "env"
+        if self.termination == "error":
+            return "rollout"
+        if self.metrics.get("grader/errors", 0.0) > 0:
+            return "grader"
+        return None
+
+    @property
     def success(self) -> bool:
         """True when the environment's score reached ``agent_flow.success_threshold``."""
         return self.reward.success_rate >= 1.0
@@ -95,6 +111,7 @@ class EpisodeResult(BaseModel):
             "instance_id": self.instance_id,
             "termination": self.termination,
             "error": self.error,
+            "failure": self.failure,
             "num_turns": self.num_turns,
             "reward": self.reward.model_dump(),
             "success": self.success,

@@ -145,7 +145,28 @@ class AgentFlow:
 
     # ------------------------------------------------------------------ public
     async def run(self, spec: EpisodeSpec, sampling_params: Mapping[str, Any]) -> EpisodeResult:
-        """Run one episode; never raises for environment, model or tool failures (see ``termination``)."""
+        """Run one episode; never raises for environment, model or tool failures (see ``termination``).
+
+        An attempt whose environment failed (``env_error``: /create failed, the instance was lost) is run
+        again from the start, at most ``agent_flow.episode_retries`` times after a doubling back-off: an env
+        service that died and was started again by the launcher has lost its instances, and a fresh attempt
+        with the same weights is as on-policy as the first. The dropped attempts are ``episode/restarts``.
+        """
+        retries = 0
+        while True:
+            result = await self._attempt(spec, sampling_params)
+            if result.termination != "env_error" or retries >= self.config.episode_retries:
+                break
+            delay = self.config.episode_retry_backoff_s * 2 ** retries
+            retries += 1
+            logger.warning("episode %s/%s: the environment failed (%s); running it again in %g s (retry %d of %d)",
+                           spec.task_id, spec.rollout_id, result.error, delay, retries, self.config.episode_retries)
+            await asyncio.sleep(delay)
+        result.metrics["episode/restarts"] = float(retries)
+        return result
+
+    async def _attempt(self, spec: EpisodeSpec, sampling_params: Mapping[str, Any]) -> EpisodeResult:
+        """One attempt at the episode (see :meth:`run`)."""
         state = _EpisodeState()
         started = time.perf_counter()
         request_id = f"{spec.group_id}-{spec.rollout_id}-{uuid.uuid4().hex[:8]}"

@@ -1,0 +1,111 @@
+"""Failed episodes out of the update: the trainer's ``faults`` stage, and the rule that stops a run.
+
+An episode whose environment, rollout server, ``/evaluate`` or grader failed has no trustworthy reward
+(:attr:`~agentevolver.module.agent_flow.episode.EpisodeResult.failure`; the agent loop puts it in the batch's
+``failure`` column). It still made a well-formed row, so verl's checks (shapes, rollout log-probs) hold, but
+it must not teach the policy anything: here, before any advantage of ours is read,
+
+- its response mask is cleared (no policy-gradient, KL or entropy term on its tokens) and its earlier samples
+  (multi-sample context managers) are dropped, so it makes no row of its own;
+- it gets a GRPO group of its own (a fresh ``uid``), and the step's advantages are computed again with verl's
+  own ``compute_advantage``, so the 0 reward of a failed episode does not lower its task's baseline (verl
+  computed them before the update, with the failed episodes in their groups). ADCA, which runs next,
+  groups by the same ``uid``.
+
+The run stops, with a message naming the failing service(s), when every episode of a step failed or the
+failed share is above ``agent_flow.max_failed_share``: training on the rest of such a step would be noise.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections import Counter
+from typing import Any
+
+import numpy as np
+
+from agentevolver.errors import AgentEvolverError
+
+__all__ = ["FAILURE_COLUMN", "TooManyFailures", "exclude_failed", "failure_metrics"]
+
+#: Non-tensor column the agent loop fills (``""`` = a good episode, else the failing service).
+FAILURE_COLUMN = "failure"
+
+#: What to check when a service fails, by the name the episode gives it.
+_WHERE = {
+    "env": "the environment service (env_service.env_url; is it up? its log is in the run record)",
+    "rollout": "the rollout server / the episode code (see the episodes' `error` in the rollout dump)",
+    "grader": "the synthetic tasks' grader LLM (llm.roles.grader)",
+}
+
+
+class TooManyFailures(AgentEvolverError):
+    """A training step in which too many episodes failed; the message names the services."""
+
+
+def failed_mask(non_tensor_batch: dict[str, Any]) -> np.ndarray:
+    """One bool per row: True where the episode failed (all False for a batch without the column)."""
+    column = non_tensor_batch.get(FAILURE_COLUMN)
+    if column is None:
+        return np.zeros(0, dtype=bool)
+    return np.asarray([bool(value) for value in column], dtype=bool)
+
+
+def failure_metrics(non_tensor_batch: dict[str, Any]) -> dict[str, float]:
+    """``episode/failed`` (count), ``episode/failed_share`` and ``episode/failed/<service>`` of a batch."""
+    column = non_tensor_batch.get(FAILURE_COLUMN)
+    if column is None:
+        return {}
+    services = Counter(str(value) for value in column if value)
+    total = len(column)
+    failed = sum(services.values())
+    out = {"episode/failed": float(failed), "episode/failed_share": failed / total if total else 0.0}
+    for service in ("env", "rollout", "grader"):
+        out[f"episode/failed/{service}"] = float(services.get(service, 0))
+    return out
+
+
+def check_failed_share(non_tensor_batch: dict[str, Any], max_failed_share: float, step: int) -> None:
+    """Raise :class:`TooManyFailures` when every episode failed or the share exceeds ``max_failed_share``."""
+    mask = failed_mask(non_tensor_batch)
+    if not mask.size or not mask.any():
+        return
+    share = float(mask.mean())
+    if not mask.all() and share <= max_failed_share:
+        return
+    services = Counter(str(value) for value in non_tensor_batch[FAILURE_COLUMN] if value)
+    named = "; ".join(f"{count} x {service}: check {_WHERE.get(service, service)}"
+                      for service, count in services.most_common())
+    what = "every episode" if mask.all() else f"{int(mask.sum())} of {mask.size} episodes ({share:.0%})"
+    raise TooManyFailures(
+        f"training step {step}: {what} failed, above agent_flow.max_failed_share={max_failed_share:g}; stopping "
+        f"instead of training on what is left. Failed: {named}. Raise agent_flow.max_failed_share to go on "
+        "through such steps; the step's episodes are in the rollout dump")
+
+
+def exclude_failed(batch: Any, *, recompute_advantages: Any) -> int:
+    """Keep the failed rows of ``batch`` out of the update (module docstring); returns how many there were.
+
+    ``recompute_advantages(batch) -> batch`` is verl's ``compute_advantage`` bound to the run's algorithm
+    settings; it is called only when some row failed and the batch has advantages.
+    """
+    mask = failed_mask(batch.non_tensor_batch)
+    if not mask.size or not mask.any():
+        return 0
+    rows = np.flatnonzero(mask)
+    response_mask = batch.batch["response_mask"]
+    response_mask[rows.tolist()] = 0
+    uid = np.array(batch.non_tensor_batch["uid"], dtype=object, copy=True)
+    for row in rows:
+        uid[row] = f"failed-{uuid.uuid4().hex}"
+    batch.non_tensor_batch["uid"] = uid
+    others = batch.non_tensor_batch.get("other_samples")
+    if others is not None:
+        for row in rows:
+            others[row] = []
+    if "advantages" in batch.batch:
+        recomputed = recompute_advantages(batch)
+        batch.batch["advantages"] = recomputed.batch["advantages"] * response_mask.to(recomputed.batch["advantages"].dtype)
+        if "returns" in recomputed.batch:
+            batch.batch["returns"] = recomputed.batch["returns"]
+    return int(rows.size)
