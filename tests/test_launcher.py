@@ -10,6 +10,7 @@ no process carrying the launch's id is alive and the services' ports are free ag
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -17,8 +18,10 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
+import httpx
 import psutil
 import pytest
 from env_service_fixture import REPO_ROOT, TESTS_DIR, env_service
@@ -259,33 +262,117 @@ def test_ctrl_c_stops_everything_it_started(tmp_path: Path, stubborn: bool) -> N
     assert not any(psutil.pid_exists(pid) and psutil.Process(pid).status() != "zombie" for pid in children)
 
 
+def test_a_service_that_dies_while_training_runs_is_started_again_within_its_limit(tmp_path: Path) -> None:
+    env_port = free_port()
+    args = [sys.executable, str(REPO_ROOT / "launcher.py"), "--conf", str(QUICKSTART), "--target", "test_launcher",
+            *env_args(env_port), "launcher.restart_backoff_s=0.2", "launcher.max_restarts=1"]
+    launcher = subprocess.Popen(args, cwd=tmp_path, env=launcher_env(**{STAND_IN: "hang"}),
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+    def wait_for(condition: Callable[[dict], bool]) -> dict:
+        while True:
+            assert launcher.poll() is None, launcher.communicate()
+            with contextlib.suppress(OSError, ValueError):
+                record = record_of(tmp_path)
+                if condition(record):
+                    return record
+            time.sleep(0.2)
+
+    def healthy() -> bool:
+        with contextlib.suppress(httpx.HTTPError):
+            return httpx.get(f"http://127.0.0.1:{env_port}/healthz", timeout=1).text == "OK"
+        return False
+
+    try:
+        ready = tmp_path / "launcher_record" / "quickstart" / "trainer_ready"
+        first = wait_for(lambda record: ready.exists() and "services" in record)["services"][0]["pid"]
+        os.kill(first, signal.SIGKILL)
+        record = wait_for(lambda record: len(record.get("restarts", [])) == 1)
+        restart = record["restarts"][0]
+        assert (restart["service"], restart["exit_status"], restart["old_pid"], restart["restarted"]) == (
+            "env", 137, first, True)
+        assert record["services"][0]["pid"] == restart["pid"] != first and record["services"][0]["restarts"] == 1
+        while not healthy():
+            assert launcher.poll() is None
+            time.sleep(0.2)
+        os.kill(restart["pid"], signal.SIGKILL)  # a second death: launcher.max_restarts=1 is spent
+        record = wait_for(lambda record: len(record.get("restarts", [])) == 2)
+        assert record["restarts"][1]["restarted"] is False
+        launcher.send_signal(signal.SIGINT)
+        _out, err = launcher.communicate()
+    finally:
+        if launcher.poll() is None:
+            launcher.kill()
+    assert "service 'env' exited with status 137 while training runs; starting it again in 0.2 s" in err
+    assert "service 'env' is healthy again after" in err
+    assert "is not started again (launcher.max_restarts=1 reached)" in err
+    assert_nothing_left(record_of(tmp_path), [env_port])
+
+
 # -- end to end ---------------------------------------------------------------------------------------------
 
 @training_timeout
-def test_launcher_trains_one_step_with_env_and_memory_services(tmp_path: Path) -> None:
+def test_launcher_trains_through_a_memory_service_outage_and_a_second_launch_says_it_is_done(
+        tmp_path: Path, scripted_llm) -> None:
+    """Env and memory services started by the launcher, Self-Navigating on (init_train_update: the memory is
+    built before step 1, read by every episode, written after every step). The memory service is killed
+    after step 1: the launcher starts it again, the episodes meanwhile go without experience (counted) and
+    training reaches its last step. Launched again, the finished run stops at once and says so."""
+    from memory_service_fixture import task_summariser
+    from scripted_openai_server import SCRIPTED_MODEL
     from training_fixture import training_command
 
+    from agentevolver.verl.tracking import read_metrics
+
+    scripted_llm.respond_with(task_summariser)
     env_port, mem_port = free_port(), free_port()
     overrides = training_command(f"http://127.0.0.1:{env_port}", tmp_path)[5:]
-    overrides = [o for o in overrides if not o.startswith("trainer.total_training_steps=")]
-    done = run_launcher([
-        "--with-env", "lottery", "--with-memory", "--",
-        *overrides, "trainer.total_training_steps=1", "trainer.experiment_name=launcher_e2e",
-        f"memory.base_url=http://127.0.0.1:{mem_port}",
-        "launcher.services.env.extra_args=[--plugin,envs_for_tests]",
-        f"launcher.services.memory.extra_args=[--data-dir,{tmp_path / 'memory'}]",
-    ], tmp_path)
-    assert done.returncode == 0, (done.stdout + done.stderr)[-8000:]
+    args = [sys.executable, str(REPO_ROOT / "launcher.py"), "--conf", str(QUICKSTART),
+            "--with-env", "lottery", "--with-memory", "--",
+            *overrides, "trainer.experiment_name=launcher_e2e", "trainer.save_freq=2",
+            "exp_mode=init_train_update", "exp_manager.init_exp_max_tasks=2", "memory.workspace_id=ws-launcher",
+            f"memory.base_url=http://127.0.0.1:{mem_port}",
+            f"llm.endpoints.local.base_url={scripted_llm.base_url}", f"llm.endpoints.local.model={SCRIPTED_MODEL}",
+            "launcher.services.env.extra_args=[--plugin,envs_for_tests]", "launcher.restart_backoff_s=0.2",
+            f"launcher.services.memory.extra_args=[--data-dir,{tmp_path / 'memory'}]", "launcher.poll_interval_s=0.2"]
+    launcher = subprocess.Popen(args, cwd=tmp_path, env=launcher_env(), stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True)
+    try:
+        metrics_file = tmp_path / "run" / "metrics.jsonl"
+        while not (metrics_file.exists() and metrics_file.read_text().strip()):  # step 1 is done
+            assert launcher.poll() is None, launcher.communicate()
+            time.sleep(0.2)
+        memory_pid = next(s["pid"] for s in record_of(tmp_path, "launcher_e2e")["services"] if s["name"] == "memory")
+        os.kill(memory_pid, signal.SIGKILL)
+        stdout, stderr = launcher.communicate()
+    finally:
+        if launcher.poll() is None:
+            launcher.kill()
+    assert launcher.returncode == 0, (stdout + stderr)[-8000:]
     folder = tmp_path / "launcher_record" / "launcher_e2e"
     record = record_of(tmp_path, "launcher_e2e")
     assert record["exit_code"] == 0
     assert [(s["name"], s["action"]) for s in record["services"]] == [("env", "started"), ("memory", "started")]
-    assert (tmp_path / "run" / "rollouts" / "step_1.jsonl").is_file()
-    assert "workspace_id: launcher_e2e" in (folder / "config.yaml").read_text()
+    assert [(r["service"], r["exit_status"], r["restarted"]) for r in record["restarts"]] == [("memory", 137, True)]
+    steps = read_metrics(tmp_path / "run" / "metrics.jsonl")
+    assert sorted(steps) == [1, 2]  # trained to the last step through the outage
+    assert steps[1]["exp/injected_share"] > 0 and steps[1]["exp/retrieve_errors"] == 0
+    assert "exp/retrieve_errors" in steps[2] and steps[2]["episode/failed"] == 0  # no experience is no failure
+    assert (tmp_path / "run" / "rollouts" / "step_2.jsonl").is_file()
+    assert "workspace_id: ws-launcher" in (folder / "config.yaml").read_text()
     assert (folder / "hydra" / ".hydra" / "config.yaml").is_file()
     assert (folder / "logs" / "env_service.log").stat().st_size > 0
     assert (folder / "logs" / "memory_service.log").stat().st_size > 0
     assert_nothing_left(record, [env_port, mem_port])
+
+    # the same launch again: the run is finished, so it says so and starts nothing (its record stays)
+    launch_json = (folder / "launch.json").read_text()
+    again = subprocess.run(args, cwd=tmp_path, env=launcher_env(), capture_output=True, text=True, check=False)
+    assert again.returncode == 0, again.stderr[-4000:]
+    assert "already trained to step 2 of trainer.total_training_steps=2" in again.stderr
+    assert "trainer.resume_mode=disable" in again.stderr and "starting" not in again.stderr
+    assert (folder / "launch.json").read_text() == launch_json
+    assert sorted(read_metrics(tmp_path / "run" / "metrics.jsonl")) == [1, 2]  # no step past the end
 
 
 # -- the stand-in trainer (``python -m test_launcher``) -----------------------------------------------------

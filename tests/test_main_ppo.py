@@ -83,6 +83,13 @@ def test_two_grpo_steps_through_the_training_entry(service: str, tmp_path: Path)
             advantages += record["advantages"]
     assert any(a != 0.0 for a in advantages)  # a step whose groups tie has none (see the grad-norm check)
 
+    # started again, the finished run says so before Ray starts, and trains no step past the end
+    again = train(service, tmp_path)
+    assert again.returncode == 0, again.stderr[-4000:]
+    assert "already trained to step 2 of trainer.total_training_steps=2" in again.stderr
+    assert "Training Progress" not in again.stderr + again.stdout
+    assert sorted(read_metrics(run / "metrics.jsonl")) == [1, 2]
+
 
 def test_bad_config_is_reported_before_anything_starts(tmp_path: Path) -> None:
     done = subprocess.run([sys.executable, "-m", "agentevolver.main_ppo", "agent_flow.max_steps=0",

@@ -80,6 +80,7 @@ def test_failed_episodes_stay_out_of_the_update_and_a_hung_judge_falls_back_to_g
             assert trained and all(abs(a - value) < 1e-5 for a in trained), (record["group_id"], trained, value)
 
 
+@pytest.mark.slow  # the rule itself is pinned in tests/test_faults.py; this is its message through main_ppo
 def test_a_step_where_every_episode_fails_stops_the_run_naming_the_service(service: str, tmp_path: Path) -> None:
     done = run_training(training_command(service, tmp_path, "env_service.env_type=lottery_broken",
                                          "agent_flow.episode_retries=0", "env_service.max_retries=0"), tmp_path)

@@ -1,0 +1,134 @@
+"""The fault rules on real verl batches: who is kept out of the update, and when a step stops the run.
+
+The end-to-end runs are in tests/test_training_faults.py; these pin the arithmetic: a failed row trains no
+token and sets no baseline (the good rows' advantages equal verl's GRPO over the good rows alone), and the
+stop rule's boundaries.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from verl import DataProto
+from verl.trainer.ppo.core_algos import compute_grpo_outcome_advantage
+from verl.trainer.ppo.ray_trainer import compute_advantage
+
+from agentevolver.finished_run import checkpoint_step, finished_message
+from agentevolver.verl.faults import TooManyFailures, check_failed_share, exclude_failed, failure_metrics
+from agentevolver.verl.rollout_manager import StepRolloutManager
+
+
+def batch_of(scores: list[float], groups: list[str], failures: list[str], width: int = 3) -> DataProto:
+    n = len(scores)
+    rewards = torch.zeros(n, width)
+    rewards[:, -1] = torch.tensor(scores)
+    others = np.empty(n, dtype=object)
+    for row in range(n):
+        others[row] = [{"prompt_ids": [1]}]  # an earlier sample of a multi-sample episode
+    data = DataProto.from_dict(
+        tensors={"token_level_rewards": rewards, "response_mask": torch.ones(n, width, dtype=torch.int64)},
+        non_tensors={"uid": np.array(groups, dtype=object), "failure": np.array(failures, dtype=object),
+                     "other_samples": others})
+    return compute_advantage(data, adv_estimator="grpo", num_repeat=2)
+
+
+def recompute(batch: DataProto) -> DataProto:
+    return compute_advantage(batch, adv_estimator="grpo", num_repeat=2)
+
+
+def test_a_failed_row_trains_nothing_and_sets_no_baseline() -> None:
+    scores, groups = [1.0, 0.0, 0.0, 1.0, 0.0, 1.0], ["a", "a", "a", "b", "b", "b"]
+    failures = ["", "", "env", "", "grader", ""]
+    batch = batch_of(scores, groups, failures)
+    assert exclude_failed(batch, recompute_advantages=recompute) == 2
+    mask = batch.batch["response_mask"]
+    assert mask[[2, 4]].sum() == 0 and mask[[0, 1, 3, 5]].min() == 1
+    assert batch.non_tensor_batch["other_samples"][2] == [] and batch.non_tensor_batch["other_samples"][0] != []
+    good = [0, 1, 3, 5]
+    expected, _ = compute_grpo_outcome_advantage(
+        torch.tensor([[scores[i]] for i in good]), torch.ones(4, 1), np.array([groups[i] for i in good], dtype=object))
+    got = batch.batch["advantages"]
+    for k, row in enumerate(good):
+        assert torch.allclose(got[row], torch.full((3,), float(expected[k, 0])), atol=1e-6)
+    assert got[[2, 4]].abs().sum() == 0
+    # group b's baseline without its failed 0: the two 1s tie, so neither gets an advantage
+    assert got[3].abs().sum() == 0 and got[5].abs().sum() == 0
+    assert len({batch.non_tensor_batch["uid"][i] for i in (2, 4)} & {"a", "b"}) == 0  # groups of their own
+
+
+def test_a_batch_without_failures_is_left_alone() -> None:
+    batch = batch_of([1.0, 0.0], ["a", "a"], ["", ""])
+    before = batch.batch["advantages"].clone()
+    assert exclude_failed(batch, recompute_advantages=lambda b: pytest.fail("nothing to recompute")) == 0
+    assert torch.equal(batch.batch["advantages"], before)
+    assert failure_metrics(batch.non_tensor_batch) == {
+        "episode/failed": 0.0, "episode/failed_share": 0.0, "episode/failed/env": 0.0,
+        "episode/failed/rollout": 0.0, "episode/failed/grader": 0.0}
+
+
+@pytest.mark.parametrize(("failures", "share", "stops"), [
+    (["", "", "", ""], 0.0, False),
+    (["env", "", "", ""], 0.25, False),
+    (["env", "env", "", ""], 0.5, False),     # at the limit: goes on
+    (["env", "env", "rollout", ""], 0.5, True),
+    (["env", "", "", ""], 0.0, True),         # max_failed_share 0: any failure stops
+    (["env", "env", "env", "env"], 1.0, True),  # every episode failed: stops whatever the share
+])
+def test_the_stop_rule(failures: list[str], share: float, stops: bool) -> None:
+    columns = {"failure": np.array(failures, dtype=object)}
+    if not stops:
+        check_failed_share(columns, share if share else 0.5, step=3)
+        return
+    limit = 0.5 if share >= 0.5 else share
+    with pytest.raises(TooManyFailures) as caught:
+        check_failed_share(columns, limit, step=3)
+    message = str(caught.value)
+    assert message.startswith("training step 3: ") and "agent_flow.max_failed_share" in message
+    assert "x env: check the environment service (env_service.env_url" in message
+
+
+class _Rollout:
+    """verl's agent-loop manager at the edge: returns the batch it is given with a failure column."""
+
+    def __init__(self, failures: list[str]) -> None:
+        self.failures = failures
+        self.other = "forwarded"
+
+    def generate_sequences(self, batch: DataProto) -> DataProto:
+        batch.non_tensor_batch["failure"] = np.array(self.failures, dtype=object)
+        return batch
+
+
+def test_the_rollout_stage_stops_a_failed_training_step_but_not_validation() -> None:
+    def rows(validate: bool) -> DataProto:
+        data = DataProto.from_dict(tensors={"x": torch.zeros(2, 1)})
+        data.meta_info.update(validate=validate, global_steps=7)
+        return data
+
+    manager = StepRolloutManager(_Rollout(["env", "env"]), None, max_failed_share=0.5)
+    assert manager.other == "forwarded"
+    manager.generate_sequences(rows(validate=True))  # validation counts failures, never stops the run
+    with pytest.raises(TooManyFailures, match="training step 7: every episode failed"):
+        manager.generate_sequences(rows(validate=False))
+
+
+def test_a_finished_run_is_recognised_from_verls_checkpoint_tracker(tmp_path) -> None:
+    from omegaconf import OmegaConf
+
+    def config(**trainer: object) -> object:
+        return OmegaConf.create({"trainer": {"default_local_dir": str(tmp_path), "resume_mode": "auto",
+                                             "total_training_steps": 4, "experiment_name": "exp", **trainer}})
+
+    assert finished_message(config()) is None  # a fresh run
+    (tmp_path / "global_step_4").mkdir()
+    (tmp_path / "latest_checkpointed_iteration.txt").write_text("4")
+    message = finished_message(config())
+    assert message is not None and "already trained to step 4 of trainer.total_training_steps=4" in message
+    assert "trainer.resume_mode=disable" in message and "trainer.experiment_name" in message
+    assert finished_message(config(total_training_steps=6)) is None  # more to train: resumes
+    assert finished_message(config(resume_mode="disable")) is None
+    assert finished_message(config(total_training_steps=None)) is None  # the trainer checks once it knows
+    assert checkpoint_step(config(resume_mode="resume_path", resume_from_path="x/global_step_2").trainer) == 2
+    (tmp_path / "latest_checkpointed_iteration.txt").write_text("5")  # the tracker names a folder that is gone
+    assert finished_message(config()) is None
