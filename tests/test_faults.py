@@ -132,3 +132,21 @@ def test_a_finished_run_is_recognised_from_verls_checkpoint_tracker(tmp_path) ->
     assert checkpoint_step(config(resume_mode="resume_path", resume_from_path="x/global_step_2").trainer) == 2
     (tmp_path / "latest_checkpointed_iteration.txt").write_text("5")  # the tracker names a folder that is gone
     assert finished_message(config()) is None
+
+
+def test_an_episode_that_failed_before_generating_still_carries_rollout_log_probs() -> None:
+    """verl takes the batch's rollout_log_probs from the first episode's: one episode with None used to drop
+    them for the whole batch (or break the concatenation), and bypass mode then ended the run."""
+    from transformers import AutoTokenizer
+
+    from agentevolver.models import resolve_model_path
+    from agentevolver.module.agent_flow.episode import EpisodeResult
+    from agentevolver.verl.agent_loop import to_agent_loop_output
+
+    tokenizer = AutoTokenizer.from_pretrained(resolve_model_path("tiny-test"))
+    result = EpisodeResult(task_id="t0", env_type="lottery", group_id="g", rollout_id=0, termination="env_error",
+                           error="environment request failed: connection refused")
+    output = to_agent_loop_output(result, tokenizer, response_length=8)
+    assert output.response_ids == [] and output.response_mask == [] and output.response_logprobs == []
+    assert output.extra_fields["failure"] == "env" and len(output.prompt_ids) == 1
+    assert result.to_dump_record(step=1)["failure"] == "env"

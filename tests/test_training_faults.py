@@ -54,7 +54,9 @@ def grpo_expected(records: list[dict]) -> dict[int, float]:
 def test_failed_episodes_stay_out_of_the_update_and_a_hung_judge_falls_back_to_grpo(
         service: str, tmp_path: Path, scripted_llm) -> None:
     scripted_llm.respond_with(lambda body: Reply.hang(20))  # every judge request outlives its 0.5 s timeout
+    # bypass mode (the quickstart's: old log-probs = rollout log-probs), where the outage used to end the run
     command = training_command(service, tmp_path, "env_service.env_type=lottery_flaky", "agent_flow.episode_retries=0",
+                               "env_service.max_retries=0", "algorithm.rollout_correction.bypass_mode=true",
                                "attribution_driven_credit_assignment.enable=true",
                                f"llm.endpoints.local.base_url={scripted_llm.base_url}",
                                f"llm.endpoints.local.model={SCRIPTED_MODEL}", "llm.endpoints.local.timeout_s=0.5",
@@ -121,7 +123,8 @@ def test_an_env_service_outage_mid_rollout_is_survived(tmp_path: Path) -> None:
                 "trainer.experiment_name=outage", "trainer.save_freq=-1",
                 "launcher.services.env.extra_args=[--plugin,envs_for_tests,--log-level,warning]",
                 "launcher.poll_interval_s=0.2", "launcher.restart_backoff_s=0.5",
-                "agent_flow.episode_retry_backoff_s=3", "agent_flow.episode_retries=3"]
+                "agent_flow.episode_retry_backoff_s=3", "agent_flow.episode_retries=3",
+                "algorithm.rollout_correction.bypass_mode=true"]  # the quickstart's mode, as in the outage it had
         if disk_full:
             args.append(f"agent_flow.dump.dir={tmp_path / 'full-disk' / 'rollouts'}")
         env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(TESTS_DIR), str(REPO_ROOT)]),
