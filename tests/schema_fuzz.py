@@ -13,6 +13,10 @@ content types and bodies as declared, invalid input rejected, auth enforced) plu
 workspace), so the fuzzer reaches the code behind "unknown id" answers too.
 
 Failures are collected over all operations and reported together (method, path, the curl line).
+
+Apps are function-scoped fixtures: schemathesis's pytest plugin (loaded by its entry point) ends the
+lifespan of every app its ASGI transport started when a test ends, so an app shared between tests would
+meet its second test shut down (the memory service with its store closed).
 """
 
 from __future__ import annotations

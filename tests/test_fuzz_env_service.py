@@ -36,23 +36,17 @@ ACTIONS = [
 ]
 
 
-@pytest.fixture(scope="module")
-def app(monkeypatch_module: pytest.MonkeyPatch) -> Iterator[Any]:
+@pytest.fixture
+def app(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
     import envs_for_tests  # noqa: F401 - registers the echo test environment
 
     from env_service.app import ServiceSettings, create_app
     from env_service.registry import load_envs
 
-    monkeypatch_module.setenv(TOKEN_ENV, TOKEN)
+    monkeypatch.setenv(TOKEN_ENV, TOKEN)
     settings = ServiceSettings(envs=["calc", "echo"], max_instances=64, auth_token_env=TOKEN_ENV)
     yield create_app(settings, load_envs(settings.envs))
     stop_apps()
-
-
-@pytest.fixture(scope="module")
-def monkeypatch_module() -> Iterator[pytest.MonkeyPatch]:
-    with pytest.MonkeyPatch.context() as patch:
-        yield patch
 
 
 def _pin(case: Any, data: st.DataObject) -> None:

@@ -29,7 +29,7 @@ KEY = "fuzz-key"
 MAX_TOKENS = 4
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
 def app() -> Iterator[Any]:
     import torch
 

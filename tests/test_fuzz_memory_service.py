@@ -34,7 +34,7 @@ SEED_LINES = b"\n".join([
 ])
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
 def app(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     from agentevolver.memory_service.app import create_app
     from agentevolver.memory_service.service import MemoryService
@@ -78,3 +78,16 @@ def test_memory_service_answers_every_generated_request_as_its_schema_declares(a
     counts = fuzz_schema(asgi_schema(app, domain_rejections=(400, 422)), max_examples=EXAMPLES, headers=headers,
                          pin=_pin, checks=[json_error_names_field()])
     assert len(counts) == 8 and all(count >= 1 for count in counts.values()), counts
+
+
+def test_a_dump_path_no_file_system_takes_is_a_400_naming_path(app: Any) -> None:
+    """Found while fuzzing: a NUL byte in ``path`` made ``Path.resolve`` / ``open`` raise ValueError (500)."""
+    from schemathesis.python import asgi
+
+    with asgi.get_client(app) as client:
+        for action in ("dump", "load"):
+            for path in ("\x00", "dumps/\x00x", "a" * 5000):
+                answer = client.post("/vector_store", headers={"Authorization": f"Bearer {TOKEN}"},
+                                     json={"workspace_id": SEEDED, "action": action, "path": path})
+                assert answer.status_code == 400, (action, path[:20], answer.text)
+                assert (answer.json()["error"]["code"], answer.json()["error"]["field"]) == ("bad_file", "path")

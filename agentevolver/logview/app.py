@@ -4,7 +4,9 @@ Pages: ``/`` runs, ``/run`` steps and metric curves, ``/step`` the episodes of o
 ``/episode`` one episode (conversation and token view); ``/api/run`` lets the run page notice new steps
 of a run that is still writing; ``/healthz`` answers the launcher. Every problem a user can meet (root
 not there yet, missing step, corrupt line, wrong field type, bad query parameter) renders as a page that
-says what is wrong; nothing in the files can crash the server.
+says what is wrong; nothing in the files can crash the server. A client that sends ``Accept:
+application/json`` (and every ``/api/*`` caller) gets the same errors as JSON ``{"error": {code, message,
+field, hint}}`` naming the query parameter to change; every route declares its answers in ``/openapi.json``.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from fastapi import FastAPI, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, JSONResponse, Response
 from jinja2 import Environment, PackageLoader, select_autoescape
+from pydantic import BaseModel
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from agentevolver.logview.episodes import (
@@ -62,6 +65,49 @@ _SORT_KEYS: dict[str, Any] = {
     "termination": lambda row: (row.termination, row.line),
     "tokens": lambda row: (row.policy_tokens, row.line),
 }
+
+
+class ErrorInfo(BaseModel):
+    code: str
+    message: str
+    field: str | None = None
+    hint: str | None = None
+
+
+class ErrorBody(BaseModel):
+    """An error as JSON (``/api/*``, and pages asked for with ``Accept: application/json``)."""
+
+    error: ErrorInfo
+
+
+class RunState(BaseModel):
+    """``/api/run``: what the run page polls to notice new steps."""
+
+    steps: list[int]
+    metrics_lines: int
+
+
+class Health(BaseModel):
+    status: str
+    root: str
+    root_exists: bool
+
+
+#: ``/api/run``'s errors: always JSON (registers the ErrorBody component the pages' errors refer to).
+_API_ERRORS: dict[int | str, dict[str, Any]] = {status: {"model": ErrorBody} for status in (400, 404, 422)}
+#: A page's errors: a page by default, JSON with ``Accept: application/json``. A page names a run (400
+#: outside the root, 404 missing) and reads files (500 unreadable). Written out because FastAPI would
+#: put a ``model`` under the route's own media type (text/html) only.
+_PAGE_ERRORS: dict[int | str, dict[str, Any]] = {
+    status: {"content": {"text/html": {"schema": {"type": "string"}},
+                         "application/json": {"schema": {"$ref": "#/components/schemas/ErrorBody"}}}}
+    for status in (400, 404, 422, 500)}
+
+
+def _wants_html(request: Request) -> bool:
+    """Pages answer errors as pages (a browser, curl), unless the client asks for JSON (``Accept:
+    application/json``, as a script would); ``/api/*`` always answers JSON."""
+    return not request.url.path.startswith("/api/") and "application/json" not in request.headers.get("accept", "")
 
 
 @dataclass
@@ -120,36 +166,47 @@ def create_app(root: str | Path, *, tokenizer: str | None = None, max_depth: int
             infos.append(StepInfo(step, _size(size), modified, metrics.at_step(step) if metrics else {}))
         return infos
 
+    def error(request: Request, status: int, code: str, message: str, hint: str | None,
+              field: str | None) -> Response:
+        if _wants_html(request):
+            return render("error.html.jinja", status, message=message, hint=hint, status=status)
+        body = ErrorBody(error=ErrorInfo(code=code, message=message, field=field, hint=hint))
+        return JSONResponse(body.model_dump(), status_code=status)
+
     @app.exception_handler(ViewerError)
-    async def viewer_error(request: Request, err: ViewerError) -> HTMLResponse:
-        return render("error.html.jinja", err.status, message=err.message, hint=err.hint, status=err.status)
+    async def viewer_error(request: Request, err: ViewerError) -> Response:
+        return error(request, err.status, "not_found" if err.status == 404 else "viewer_error", err.message,
+                     err.hint, err.field)
 
     @app.exception_handler(RequestValidationError)
-    async def bad_parameter(request: Request, err: RequestValidationError) -> HTMLResponse:
-        lines = [f"query parameter {'.'.join(str(p) for p in e['loc'][1:])!r}: {e['msg']}" for e in err.errors()]
-        return render("error.html.jinja", 422, message="; ".join(lines), status=422,
-                      hint="use the links and forms of the pages instead of editing the address")
+    async def bad_parameter(request: Request, err: RequestValidationError) -> Response:
+        problems = err.errors()
+        lines = [f"query parameter {'.'.join(str(p) for p in e['loc'][1:])!r}: {e['msg']}" for e in problems]
+        field = ".".join(str(p) for p in problems[0]["loc"][1:]) if problems else None
+        return error(request, 422, "invalid_parameter", "; ".join(lines),
+                     "use the links and forms of the pages instead of editing the address", field)
 
     @app.exception_handler(StarletteHTTPException)
-    async def http_error(request: Request, err: StarletteHTTPException) -> HTMLResponse:
-        return render("error.html.jinja", err.status_code, message=f"{request.url.path}: {err.detail}",
-                      status=err.status_code, hint=None)
+    async def http_error(request: Request, err: StarletteHTTPException) -> Response:
+        field = {404: "path", 405: "method"}.get(err.status_code)
+        return error(request, err.status_code, f"http_{err.status_code}", f"{request.url.path}: {err.detail}",
+                     None, field)
 
     @app.exception_handler(Exception)
-    async def unexpected(request: Request, err: Exception) -> HTMLResponse:
+    async def unexpected(request: Request, err: Exception) -> Response:
         logger.exception("viewer error on %s", request.url)
-        return render("error.html.jinja", 500, message=f"the viewer failed: {type(err).__name__}: {err}",
-                      hint="this is a bug in the viewer; the server log has the details", status=500)
+        return error(request, 500, "internal_error", f"the viewer failed: {type(err).__name__}: {err}",
+                     "this is a bug in the viewer; the server log has the details", None)
 
     @app.get("/favicon.ico", include_in_schema=False)
     def favicon() -> Response:
         return Response(status_code=204)
 
-    @app.get("/healthz")
+    @app.get("/healthz", response_model=None, responses={200: {"model": Health}})
     def healthz() -> JSONResponse:
         return JSONResponse({"status": "ok", "root": str(root), "root_exists": root.is_dir()})
 
-    @app.get("/", response_class=HTMLResponse)
+    @app.get("/", response_class=HTMLResponse, responses=_PAGE_ERRORS)
     def index() -> HTMLResponse:
         runs = discover_runs(root, max_depth)
         rows = []
@@ -158,7 +215,7 @@ def create_app(root: str | Path, *, tokenizer: str | None = None, max_depth: int
             rows.append({"run": run, "steps": steps, "metrics": run.metrics_path.is_file()})
         return render("index.html.jinja", rows=rows, root_exists=root.is_dir(), max_depth=max_depth)
 
-    @app.get("/run", response_class=HTMLResponse)
+    @app.get("/run", response_class=HTMLResponse, responses=_PAGE_ERRORS)
     def run_page(run: str = Query(...)) -> HTMLResponse:
         found = resolve_run(root, run)
         problems: list[str] = []
@@ -182,7 +239,7 @@ def create_app(root: str | Path, *, tokenizer: str | None = None, max_depth: int
     def _state(run: Run, metrics: MetricsFile | None) -> dict[str, Any]:
         return {"steps": list_steps(run), "metrics_lines": metrics.lines if metrics else 0}
 
-    @app.get("/api/run")
+    @app.get("/api/run", response_model=None, responses={200: {"model": RunState}, **_API_ERRORS})
     def run_state(run: str = Query(...)) -> JSONResponse:
         found = resolve_run(root, run)
         try:
@@ -191,7 +248,7 @@ def create_app(root: str | Path, *, tokenizer: str | None = None, max_depth: int
             metrics = None
         return JSONResponse(_state(found, metrics))
 
-    @app.get("/step", response_class=HTMLResponse)
+    @app.get("/step", response_class=HTMLResponse, responses=_PAGE_ERRORS)
     def step_page(
         run: str = Query(...),
         step: int = Query(..., ge=0),
@@ -206,7 +263,7 @@ def create_app(root: str | Path, *, tokenizer: str | None = None, max_depth: int
         if step not in steps:
             raise ViewerError(
                 f"run {found.id!r} has no dump for step {step} ({step_path(found, step).name})",
-                hint=f"steps with dumps: {', '.join(map(str, steps)) or 'none yet'}")
+                hint=f"steps with dumps: {', '.join(map(str, steps)) or 'none yet'}", field="step")
         dump = cache.get(step_path(found, step), read_dump_file)
         if "rows" not in dump.derived:  # computed once per version of the file, kept with it in the cache
             dump.derived["rows"] = [episode_row(line, record) for line, record in dump.records]
@@ -228,7 +285,7 @@ def create_app(root: str | Path, *, tokenizer: str | None = None, max_depth: int
             success_rate=(sum(row.success is True for row in rows) / len(rows)) if rows else None,
         )
 
-    @app.get("/episode", response_class=HTMLResponse)
+    @app.get("/episode", response_class=HTMLResponse, responses=_PAGE_ERRORS)
     def episode_page(run: str = Query(...), step: int = Query(..., ge=0), line: int = Query(..., ge=1),
                      sample: int = Query(-1, ge=-1)) -> HTMLResponse:
         found = resolve_run(root, run)
@@ -237,7 +294,7 @@ def create_app(root: str | Path, *, tokenizer: str | None = None, max_depth: int
         samples = len(view.other_samples) + 1
         if sample >= samples:
             raise ViewerError(f"episode on line {line} has {samples} samples; there is no sample {sample}",
-                              hint="samples are numbered from 0; -1 is the final one")
+                              hint="samples are numbered from 0; -1 is the final one", field="sample")
         final = sample in (-1, samples - 1)
         tokens_of = view if final else view.other_samples[sample]
         labels = [step_label(flag) for flag in view.step_flags or []]

@@ -50,11 +50,12 @@ _SKIP_DIRS = {ROLLOUT_DIR_NAME, "node_modules", "__pycache__", "wandb", "tensorb
 class ViewerError(Exception):
     """Something the page should explain to the user (missing run or step, corrupt file, bad parameter)."""
 
-    def __init__(self, message: str, *, status: int = 404, hint: str | None = None) -> None:
+    def __init__(self, message: str, *, status: int = 404, hint: str | None = None, field: str | None = None) -> None:
         super().__init__(message)
         self.message = message
         self.status = status
         self.hint = hint
+        self.field = field  # the query parameter to change (run, step, line, sample), for JSON answers
 
 
 @dataclass(frozen=True)
@@ -123,18 +124,24 @@ def resolve_run(root: Path, run_id: str) -> Run:
     """The run ``run_id`` (a path relative to ``root``); refuses paths that leave the root."""
     root = root.resolve()
     if not root.is_dir():
-        raise ViewerError(f"the viewer's root folder {root} does not exist (yet)",
+        raise ViewerError(f"the viewer's root folder {root} does not exist (yet)", field="run",
                           hint="start the viewer with --root pointing at a run folder or a folder of runs; "
                                "a training run creates its folder when it writes its first step")
-    folder = (root / run_id).resolve()
+    try:
+        folder = (root / run_id).resolve()
+        is_dir = folder.is_dir()
+    except (ValueError, OSError) as err:  # a NUL byte, a name longer than the file system allows
+        raise ViewerError(f"run {run_id[:200]!r} is not a usable path: {getattr(err, 'strerror', None) or err}",
+                          status=400, field="run", hint="pick a run from the list on the start page") from None
     if folder != root and not folder.is_relative_to(root):
-        raise ViewerError(f"run {run_id!r} is outside the viewer's root {root}", status=400)
-    if not folder.is_dir():
-        raise ViewerError(f"run {run_id!r} not found under {root}", hint="pick a run from the list on the start page")
+        raise ViewerError(f"run {run_id!r} is outside the viewer's root {root}", status=400, field="run")
+    if not is_dir:
+        raise ViewerError(f"run {run_id!r} not found under {root}", hint="pick a run from the list on the start page",
+                          field="run")
     run = _as_run(root, folder)
     if run is None:
         raise ViewerError(f"{folder} is not a run: it holds neither {ROLLOUT_DIR_NAME}/step_<N>.jsonl nor "
-                          f"{METRICS_FILE}")
+                          f"{METRICS_FILE}", field="run")
     return run
 
 
@@ -170,7 +177,7 @@ class DumpFile:
             if number == line:
                 return record
         raise ViewerError(f"{self.path.name} has no episode on line {line}",
-                          hint="pick an episode from the step's table")
+                          hint="pick an episode from the step's table", field="line")
 
 
 @dataclass
@@ -271,7 +278,7 @@ class FileCache:
         try:
             info = path.stat()
         except FileNotFoundError as err:
-            raise ViewerError(f"{path} does not exist",
+            raise ViewerError(f"{path} does not exist", field="step",
                               hint="the step may not be written yet, or the run folder moved") from err
         stamp = (info.st_mtime_ns, info.st_size)
         key = (path, reader.__name__)

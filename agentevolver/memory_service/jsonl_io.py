@@ -53,10 +53,15 @@ def resolve_io_dir(path: str | None, io_root: Path | None, *, field: str = "path
     """The folder a dump/load names, checked against ``io_root`` when the service restricts file access."""
     if not path or not path.strip():
         raise FileProblem("dump and load need path: the folder that holds <workspace_id>.jsonl", field=field)
+    if "\x00" in path:  # no file system takes it; Path.resolve and open would raise ValueError (a 500)
+        raise FileProblem(f"path {path[:200]!r} holds a NUL character; send a folder path", field=field)
     folder = Path(path).expanduser()
     if io_root is not None:
         root = io_root.resolve()
-        folder = (root / folder).resolve() if not folder.is_absolute() else folder.resolve()
+        try:
+            folder = (root / folder).resolve() if not folder.is_absolute() else folder.resolve()
+        except OSError as err:  # a name longer than the file system allows, a symlink loop
+            raise FileProblem(f"path {path[:200]!r} cannot be used: {err.strerror}", field=field) from None
         if folder != root and root not in folder.parents:
             raise FileProblem(f"path {path!r} is outside this service's io_root {root}; use a folder inside it",
                               field=field)

@@ -17,7 +17,7 @@ form, which :class:`~agentevolver.client.env_client.EnvClient` asks for). See do
 
 from __future__ import annotations
 
-from typing import Any, Final, Generic, Literal, TypeVar
+from typing import Annotated, Any, Final, Generic, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
@@ -36,16 +36,29 @@ SHAPES: Final[tuple[str, ...]] = ("reference", "native")
 DEFAULT_SHAPE: Final[Shape] = "reference"
 
 
+def _or_null(schema: dict[str, Any]) -> None:
+    """The OpenAPI schema of a field that also takes ``null`` (read as "not given", see the validators)."""
+    kept = {key: schema.pop(key) for key in ("title", "default", "description") if key in schema}
+    own = dict(schema)
+    schema.clear()
+    schema.update(anyOf=[own, {"type": "null"}], **kept)
+
+
+#: Declares ``null`` in the schema only; validation is unchanged (the before-validators turn it into "" / {}).
+_NULLABLE = Field(json_schema_extra=_or_null)
+_NullableId = Annotated[str, _NULLABLE]
+
+
 class EnvRequest(BaseModel):
     """The common request envelope. Unknown keys are rejected so typos surface as 4xx, not as defaults."""
 
     model_config = ConfigDict(extra="forbid")
 
-    env_type: str = ""
-    task_id: str = ""
-    instance_id: str = ""
-    messages: dict[str, Any] | list[dict[str, Any]] = Field(default_factory=dict)
-    params: dict[str, Any] = Field(default_factory=dict)
+    env_type: _NullableId = ""
+    task_id: _NullableId = ""
+    instance_id: _NullableId = ""
+    messages: Annotated[dict[str, Any] | list[dict[str, Any]], _NULLABLE] = Field(default_factory=dict)
+    params: Annotated[dict[str, Any], _NULLABLE] = Field(default_factory=dict)
 
     @field_validator("env_type", "task_id", "instance_id", mode="before")
     @classmethod
