@@ -117,7 +117,8 @@ def create_app(service: MemoryService) -> FastAPI:
             "embedder": service.embedder.identity, "dim": service.embedder.dim,
             "summarizer": service.summarizer.llm.model if service.summarizer.llm else None,
             "llm_roles": dict(llm.roles) if llm else {},
-            "summary": settings.summary.model_dump(), "retrieve": settings.retrieve.model_dump()}}
+            "summary": settings.summary.model_dump(), "retrieve": settings.retrieve.model_dump(),
+            "query_cache": {**service.retriever.cache_stats, "size": service.retriever.cache_size}}}
 
     @api.post("/retrieve_task_memory", responses=_LLM)
     async def retrieve_task_memory(body: RetrieveRequest) -> RetrieveResponse:

@@ -310,6 +310,8 @@ class InfoMetadata(BaseModel):
     llm_roles: dict[str, str]
     summary: dict[str, Any]
     retrieve: dict[str, Any]
+    query_cache: dict[str, int] = Field(
+        description="Query-embedding cache: hits, misses, shared (waited on an embedding already running), size.")
 
 
 class InfoResponse(BaseModel):

@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+from collections import OrderedDict
 
 import numpy as np
 
@@ -74,6 +75,46 @@ class Retriever:
         self.llm = llm
         self.embedder = embedder
         self.store = store
+        # Query text -> its embedding. Touched only on the event loop, so no lock. ``_embedding`` holds the
+        # embeddings being computed: the episodes of a group ask at the same moment and share one.
+        self._cache: OrderedDict[str, np.ndarray] = OrderedDict()
+        self._embedding: dict[str, asyncio.Future[np.ndarray]] = {}  # query -> embed([query]) task
+        self.cache_stats = {"hits": 0, "misses": 0, "shared": 0}
+
+    @property
+    def cache_size(self) -> int:
+        """Query embeddings held now."""
+        return len(self._cache)
+
+    async def embed_query(self, query: str) -> np.ndarray:
+        """The query's embedding: from the cache, from a computation already running, or computed now.
+
+        The computation is a task of its own, so a requester that goes away (client disconnect) does not
+        cancel it for the others waiting on it.
+        """
+        size = self.settings.query_cache_size
+        cached = self._cache.get(query) if size else None
+        if cached is not None:
+            self._cache.move_to_end(query)
+            self.cache_stats["hits"] += 1
+            return cached
+        running = self._embedding.get(query)
+        if running is None:
+            self.cache_stats["misses"] += 1
+            running = asyncio.ensure_future(asyncio.to_thread(self.embedder.embed, [query]))
+            self._embedding[query] = running
+            running.add_done_callback(lambda done: self._embedded(query, done))
+        else:
+            self.cache_stats["shared"] += 1
+        return (await asyncio.shield(running))[0]
+
+    def _embedded(self, query: str, done: asyncio.Future[np.ndarray]) -> None:
+        self._embedding.pop(query, None)
+        if done.cancelled() or done.exception() is not None or not self.settings.query_cache_size:
+            return  # a failure is raised to every waiter and not cached: the next request tries again
+        self._cache[query] = done.result()[0]
+        while len(self._cache) > self.settings.query_cache_size:
+            self._cache.popitem(last=False)
 
     async def retrieve(self, request: RetrieveRequest) -> RetrieveResponse:
         s = self.settings
@@ -90,7 +131,7 @@ class Retriever:
         query = build_query(request)
         meta = RetrieveMetadata(query=query)
 
-        vector = (await asyncio.to_thread(self.embedder.embed, [query]))[0]
+        vector = await self.embed_query(query)
         recall = top_k * s.recall_multiplier if rerank else top_k
         hits = await self._search(request.workspace_id, vector, recall, request.experience_kind)
         if s.min_similarity is not None:

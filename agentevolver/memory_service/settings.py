@@ -163,6 +163,12 @@ class RetrieveSettings(BaseModel):
     min_similarity: float | None = Field(
         default=None, ge=-1.0, le=1.0, description="Drop candidates less similar than this (cosine); null = keep."
     )
+    query_cache_size: int = Field(
+        default=4096, ge=0,
+        description="Query embeddings kept (least recently used dropped); 0 = embed every query. The rollout.n "
+        "episodes of a GRPO group ask with the same task text, so all but the first skip the embedding, the "
+        "largest part of a retrieval (docs/benchmarks.md).",
+    )
 
     @model_validator(mode="after")
     def _check_top_k(self) -> RetrieveSettings:

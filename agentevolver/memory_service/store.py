@@ -124,7 +124,9 @@ class FaissStore:
         self.dim = dim
         self.data_dir = Path(data_dir)
         self.data_dir.mkdir(parents=True, exist_ok=True)
-        self._file_lock = FileLock(str(self.data_dir / ".lock"))
+        # Not thread-local (filelock's default): ``MemoryService.aclose`` closes the store in a worker thread,
+        # and a thread-local lock released there stays held, so the folder could not be opened again in-process.
+        self._file_lock = FileLock(str(self.data_dir / ".lock"), thread_local=False)
         try:
             self._file_lock.acquire(timeout=0)
         except Timeout:
