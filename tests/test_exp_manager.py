@@ -130,6 +130,19 @@ def test_presets_pass_the_checks_and_odd_combinations_warn() -> None:
     assert any("enable_summarizer" in w for w in warnings) and any("exp_on_off" in w for w in warnings)
 
 
+def test_only_the_update_modes_summarise_during_training() -> None:
+    """What separates init_train / exist_train from their *_update twins (whose training runs are in the default
+    suite, tests/test_exp_modes.py): the trainer's memory_summary stage never submits a summary."""
+    for mode, updates in (("init_train", False), ("exist_train", False), ("init_train_update", True),
+                          ("exist_train_update", True)):
+        cfg = compose_config([f"exp_mode={mode}"])
+        manager = ExperienceManager.from_config(cfg, validate_config(cfg))
+        assert manager.active, mode
+        assert any(manager.summaries_due(step) for step in range(1, 20)) == updates, mode
+    assert ExperienceManager.from_config(compose_config(["exp_mode=init_train"])).exp.init_exp_before_training
+    assert not ExperienceManager.from_config(compose_config(["exp_mode=exist_train"])).exp.init_exp_before_training
+
+
 # ----------------------------------------------------------------------------------------- against the service
 
 

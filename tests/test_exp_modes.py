@@ -137,6 +137,10 @@ def test_init_train_update_guides_half_strips_them_and_grows_the_memory(env, mem
     assert len(stored(memory, "ws-itu")) > 0
 
 
+# slow: the same run as init_train_update without its summaries; that no summary is due in this mode is
+# tests/test_exp_manager.py::test_only_the_update_modes_summarise_during_training, the initial build is in
+# test_init_train_update_guides_half_strips_them_and_grows_the_memory
+@pytest.mark.slow
 def test_init_train_builds_once_and_never_updates(env, memory, summariser, tmp_path: Path) -> None:
     train(env, tmp_path, memory.url, "ws-it", "init_train")
     after_init = len(summariser.requests)
@@ -145,6 +149,9 @@ def test_init_train_builds_once_and_never_updates(env, memory, summariser, tmp_p
     assert metrics["exp/injected_share"] == 0.5 and "exp/summary_submitted" not in metrics
 
 
+# slow: exist_train_update's run reads the same imported memory; that this mode never summarises is
+# tests/test_exp_manager.py::test_only_the_update_modes_summarise_during_training
+@pytest.mark.slow
 def test_exist_train_reads_an_existing_memory_and_leaves_it_alone(env, memory, summariser, tmp_path: Path) -> None:
     seed_workspace(memory, "ws-exist", tmp_path)
     train(env, tmp_path, memory.url, "ws-exist", "exist_train")
@@ -165,6 +172,10 @@ def test_exist_train_update_adds_to_the_existing_memory(env, memory, summariser,
     assert len(stored(memory, "ws-exist-update")) > 10
 
 
+# slow: a memory service that does not answer costs no episode and is counted in
+# tests/test_exp_manager.py::test_memory_service_down_counts_failures_and_never_raises (retrieval and summaries),
+# and a real run goes on while its memory service is down in tests/test_launcher.py (the memory-outage run)
+@pytest.mark.slow
 def test_memory_service_down_means_no_experience_and_counted_failures(env, tmp_path: Path) -> None:
     dead = f"http://127.0.0.1:{free_port()}"
     done = train(env, tmp_path, dead, "ws-none", "exist_train_update", "memory.max_retries=0")
