@@ -26,3 +26,13 @@ def test_bench_script_runs_small(script: str, expected: list[str]) -> None:
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     for text in (*expected, "load average"):
         assert text in done.stdout, done.stdout
+
+
+def test_allocator_bench_runs_small() -> None:
+    """bench/allocator.py: two allocator settings in fresh processes, the update workload, tiny sizes."""
+    done = subprocess.run([sys.executable, str(REPO_ROOT / "bench" / "allocator.py"), "--small", "--repeats", "1",
+                           "--model", "tiny-test", "--allocators", "glibc-tuned", "--workloads", "update"],
+                          cwd=REPO_ROOT, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    for text in ("update", "default", "glibc-tuned", "wall vs default", "load"):
+        assert text in done.stdout, done.stdout
