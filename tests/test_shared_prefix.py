@@ -410,5 +410,7 @@ def test_two_step_run_with_switch_on_and_off(tmp_path: Path, share: bool):
         # on: a group of 4 forwards its prompt once (< 0.9 of the tokens); off: verl's forward, every token
         assert (ratio[0] < 0.9) if share else (ratio[0] == 1.0), ratio
         assert abs(metrics["rollout_corr/log_ppl_diff_max"]) <= 1e-4, metrics["rollout_corr/log_ppl_diff_max"]
-        assert metrics["actor/grad_norm"] > 0
         assert torch.isfinite(torch.tensor(metrics["actor/pg_loss"]))
+    # a step whose two groups each drew four equal scores has no advantage, and step 1's KL to the reference
+    # is 0: its gradient is then 0 (seen in CI: step 1 drew 1,1,1,1 and 0,0,0,0); one step must train
+    assert any(metrics["actor/grad_norm"] > 0 for metrics in steps), [m["actor/grad_norm"] for m in steps]
