@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import os
 import statistics
 import sys
@@ -30,13 +29,14 @@ import tempfile
 import time
 from pathlib import Path
 
-import psutil
 from rich.console import Console
 from rich.table import Table
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
+sys.path.insert(0, str(ROOT / "bench"))
 
+from env_hosting import tree_pss_mb  # noqa: E402
 from env_service_fixture import env_service  # noqa: E402
 
 from agentevolver.client.env_client import EnvClient, EnvClientSettings  # noqa: E402
@@ -49,16 +49,6 @@ PARAMS = {"max_steps": 50}
 def load() -> str:
     """The 1, 5 and 15-minute load averages, as ``uptime`` shows them."""
     return " / ".join(f"{value:.2f}" for value in os.getloadavg())
-
-
-def tree_pss_mb(pid: int) -> float:
-    """Proportional set size of a process and all its descendants, in MiB."""
-    total = 0
-    root = psutil.Process(pid)
-    for proc in [root, *root.children(recursive=True)]:
-        with contextlib.suppress(psutil.Error):
-            total += proc.memory_full_info().pss
-    return total / 2**20
 
 
 async def create(client: EnvClient, count: int, start: int) -> list[str]:
