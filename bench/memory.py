@@ -50,9 +50,9 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from agentevolver.memory_service.embedding import Embedder, build_embedder  # noqa: E402
-from agentevolver.memory_service.models import TaskMemory  # noqa: E402
 from agentevolver.memory_service.settings import EmbeddingSettings, StoreSettings  # noqa: E402
 from agentevolver.memory_service.store import FaissStore  # noqa: E402
+from agentevolver.schema.memory_wire import TaskMemory  # noqa: E402
 
 WORKSPACE = "bench"
 TOPICS = ["sorting numbers", "booking flights", "sending email", "parsing dates", "reading files",

@@ -46,10 +46,10 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 from memory import TOPICS, WORKSPACE, fill, percentiles, running_service  # noqa: E402
 
-from agentevolver.memory_service.models import RetrieveRequest, RetrieveResponse  # noqa: E402
 from agentevolver.memory_service.service import MemoryService  # noqa: E402
 from agentevolver.memory_service.settings import MemoryServiceSettings  # noqa: E402
 from agentevolver.memory_service.store import FaissStore  # noqa: E402
+from agentevolver.schema.memory_wire import RetrieveRequest, RetrieveResponse  # noqa: E402
 
 
 def load() -> str:

@@ -32,12 +32,13 @@ from agentevolver.client.env_client import EnvClient, EnvClientSettings
 from agentevolver.client.memory_client import MemoryClient, MemoryClientSettings
 from agentevolver.config import compose_config
 from agentevolver.config.schema import ExpManagerSection
-from agentevolver.memory_service.exemplar import episode_messages, memory_kind, render_exemplar
+from agentevolver.memory_service.exemplar import episode_messages, render_exemplar
 from agentevolver.models import resolve_model_path
 from agentevolver.module.agent_flow import AgentFlow, AgentFlowConfig, EpisodeResult, EpisodeSpec
 from agentevolver.module.exp_manager.retriever import ExperienceRetriever, format_experience
 from agentevolver.module.exp_manager.summarizer import BackgroundSummarizer, trajectories_from_records
 from agentevolver.module.tools import ToolRegistry
+from agentevolver.schema.memory_wire import memory_kind
 from agentevolver.schema.message import ChatMessage
 from env_service.environments.calc.prompts import demonstrations
 from env_service.environments.calc.tasks import get_task

@@ -29,9 +29,9 @@ from agentevolver.client.memory_client import MemoryClientError
 from agentevolver.errors import ConfigError
 from agentevolver.memory_service import prompts
 from agentevolver.memory_service.errors import StoreMismatch
-from agentevolver.memory_service.models import TaskMemory
 from agentevolver.memory_service.settings import EmbeddingSettings, StoreSettings, load_settings
 from agentevolver.memory_service.store import open_store
+from agentevolver.schema.memory_wire import TaskMemory
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 

@@ -29,7 +29,7 @@ from agentevolver.client.llm_client import LLMClient
 from agentevolver.client.llm_config import LLMEndpointConfig
 from agentevolver.client.structured_output import ReplySchema, is_format_refusal, reply_schema
 from agentevolver.errors import LLMError
-from agentevolver.llm_server.protocol import ServerError
+from agentevolver.llm_server.errors import ServerError
 from agentevolver.llm_server.structured import check_schema
 from agentevolver.module.adv_processor.judge import JudgeInput, evaluate_step_flags
 from agentevolver.module.adv_processor.judge_prompt import StepText, Transcript, parse_step_judgments

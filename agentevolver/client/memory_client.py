@@ -1,7 +1,7 @@
 """The one client of the experience memory service (ours or a real ReMe 0.2 server), sync and async.
 
 Requests are built and answers parsed with the service's own wire models
-(:mod:`agentevolver.memory_service.models`), so client and server cannot drift. Failure policy, chosen per
+(:mod:`agentevolver.schema.memory_wire`), so client and server cannot drift. Failure policy, chosen per
 route by what a retry can break:
 
 * every route retries connection failures, 429 and 503 (the request was not processed), with full-jitter
@@ -36,8 +36,8 @@ from agentevolver.client.http import (
     describe_failure,
     error_detail,
 )
-from agentevolver.memory_service.exemplar import ExperienceKind
-from agentevolver.memory_service.models import (
+from agentevolver.schema.memory_wire import (
+    ExperienceKind,
     RetrieveRequest,
     RetrieveResponse,
     SummaryRequest,

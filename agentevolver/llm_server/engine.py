@@ -22,8 +22,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from agentevolver.llm_server.protocol import ResponseFormat, ServerError
+from agentevolver.llm_server.errors import ServerError
 from agentevolver.llm_server.structured import StructuredOutputs
+from agentevolver.schema.llm_wire import ResponseFormat
 
 __all__ = ["Choice", "Engine", "TokenLogprob"]
 

@@ -31,7 +31,8 @@ from typing import Any
 
 import torch
 
-from agentevolver.llm_server.protocol import ResponseFormat, ServerError
+from agentevolver.llm_server.errors import ServerError
+from agentevolver.schema.llm_wire import ResponseFormat
 
 __all__ = ["UNSUPPORTED_KEYWORDS", "GrammarConstraint", "StructuredOutputs", "check_schema"]
 

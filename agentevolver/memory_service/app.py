@@ -4,7 +4,7 @@ ReMe routes: ``POST /retrieve_task_memory``, ``POST /summary_task_memory``, ``PO
 answer ``{success, answer, metadata}``. Added here: ``GET /healthz`` (``OK`` once the embedder is loaded and
 the store open), ``GET /info``, ``GET /workspaces``, and JSONL export/import of one workspace over HTTP
 (``GET /workspaces/{id}/export``, ``POST /workspaces/{id}/import``). Request and response models are the
-ones the client uses (:mod:`.models`). Every error is JSON ``{success: false, answer: "", metadata: {},
+ones the client uses (:mod:`agentevolver.schema.memory_wire`). Every error is JSON ``{success: false, answer: "", metadata: {},
 error: {code, message, field}}`` with a status chosen in one place
 (:func:`agentevolver.service_common.install_error_handlers`, shared with the environment service); no
 traceback ever leaves the service.
@@ -23,7 +23,8 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response, Streami
 
 from agentevolver import __version__
 from agentevolver.memory_service.errors import BadRequest
-from agentevolver.memory_service.models import (
+from agentevolver.memory_service.service import MemoryService
+from agentevolver.schema.memory_wire import (
     WORKSPACE_ID_PATTERN,
     ErrorAnswer,
     ImportResponse,
@@ -36,7 +37,6 @@ from agentevolver.memory_service.models import (
     VectorStoreResponse,
     WorkspacesResponse,
 )
-from agentevolver.memory_service.service import MemoryService
 from agentevolver.service_common import error_response, install_error_handlers, read_auth_token, require_token
 
 __all__ = ["create_app"]

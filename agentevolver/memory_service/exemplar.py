@@ -10,40 +10,21 @@ An exemplar is an ordinary ReMe task memory (so listing, dump/load, copy and exp
 client sees a normal memory): ``when_to_use`` is the task's text (what retrieval compares the new task's
 text with), ``content`` is the episode rendered in the demonstration form (:func:`render_exemplar`, what is
 injected), and ``metadata`` holds ``kind: "exemplar"``, the episode's messages, its score and task id.
-Memories without ``metadata.kind`` are advice.
+Memories without ``metadata.kind`` are advice; the kinds themselves are part of the wire contract
+(:mod:`agentevolver.schema.memory_wire`).
 
-Import-light (pydantic only), like :mod:`.models`: the trainer's client renders nothing, but tests and tools
-import this without torch or faiss.
+Import-light (pydantic only): tests and tools import this without torch or faiss.
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from typing import Any, Literal
+from typing import Any
 
 from agentevolver.schema.message import ChatMessage, ToolCall
 
-__all__ = [
-    "ADVICE",
-    "EXEMPLAR",
-    "ExperienceKind",
-    "episode_messages",
-    "format_exemplars",
-    "memory_kind",
-    "render_exemplar",
-]
-
-#: The two kinds of experience a workspace can hold (``metadata.kind`` of a memory; advice when absent).
-ExperienceKind = Literal["advice", "exemplar"]
-ADVICE: ExperienceKind = "advice"
-EXEMPLAR: ExperienceKind = "exemplar"
-
-
-def memory_kind(memory: Any) -> ExperienceKind:
-    """The kind of a stored memory (a :class:`~.models.TaskMemory` or anything with ``metadata``)."""
-    metadata = getattr(memory, "metadata", None) or {}
-    return EXEMPLAR if metadata.get("kind") == EXEMPLAR else ADVICE
+__all__ = ["episode_messages", "format_exemplars", "render_exemplar"]
 
 
 def episode_messages(messages: Sequence[ChatMessage]) -> list[ChatMessage]:

@@ -23,8 +23,11 @@ from collections import defaultdict
 from dataclasses import dataclass
 
 from agentevolver.memory_service.embedding import Embedder
-from agentevolver.memory_service.exemplar import EXEMPLAR, episode_messages, memory_kind, render_exemplar
-from agentevolver.memory_service.models import (
+from agentevolver.memory_service.exemplar import episode_messages, render_exemplar
+from agentevolver.memory_service.settings import SummarySettings
+from agentevolver.memory_service.store import VectorStore
+from agentevolver.schema.memory_wire import (
+    EXEMPLAR,
     RejectedMemory,
     SummaryMetadata,
     SummaryRequest,
@@ -32,9 +35,8 @@ from agentevolver.memory_service.models import (
     SummaryStats,
     TaskMemory,
     TrajectoryIn,
+    memory_kind,
 )
-from agentevolver.memory_service.settings import SummarySettings
-from agentevolver.memory_service.store import VectorStore
 from agentevolver.schema.message import ChatMessage
 
 __all__ = ["ExemplarSummarizer"]

@@ -15,7 +15,7 @@ from pathlib import Path
 from pydantic import ValidationError
 
 from agentevolver.memory_service.errors import FileProblem
-from agentevolver.memory_service.models import MemoryRecordIn, TaskMemory
+from agentevolver.schema.memory_wire import MemoryRecordIn, TaskMemory
 
 __all__ = ["dump_path", "parse_jsonl", "resolve_io_dir", "to_jsonl_lines"]
 

@@ -25,15 +25,18 @@ from agentevolver.errors import LLMError
 from agentevolver.memory_service import prompts
 from agentevolver.memory_service.embedding import Embedder
 from agentevolver.memory_service.errors import BadRequest, LLMFailed, LLMNotConfigured
-from agentevolver.memory_service.exemplar import EXEMPLAR, ExperienceKind, format_exemplars, memory_kind
-from agentevolver.memory_service.models import (
+from agentevolver.memory_service.exemplar import format_exemplars
+from agentevolver.memory_service.settings import RetrieveSettings
+from agentevolver.memory_service.store import SearchHit, VectorStore
+from agentevolver.schema.memory_wire import (
+    EXEMPLAR,
+    ExperienceKind,
     RetrievedMemory,
     RetrieveMetadata,
     RetrieveRequest,
     RetrieveResponse,
+    memory_kind,
 )
-from agentevolver.memory_service.settings import RetrieveSettings
-from agentevolver.memory_service.store import SearchHit, VectorStore
 from agentevolver.schema.message import ChatMessage
 
 __all__ = ["Retriever", "build_query"]

@@ -15,7 +15,11 @@ from agentevolver.client.llm_client import LLMClient, LLMClients
 from agentevolver.memory_service.embedding import Embedder, build_embedder
 from agentevolver.memory_service.errors import BadRequest, FileProblem, UnknownWorkspace
 from agentevolver.memory_service.jsonl_io import dump_path, parse_jsonl, resolve_io_dir, to_jsonl_lines
-from agentevolver.memory_service.models import (
+from agentevolver.memory_service.retriever import Retriever
+from agentevolver.memory_service.settings import MemoryServiceSettings
+from agentevolver.memory_service.store import VectorStore, open_store
+from agentevolver.memory_service.summarizer import Summarizer
+from agentevolver.schema.memory_wire import (
     MemoryRecordIn,
     RetrieveRequest,
     RetrieveResponse,
@@ -25,10 +29,6 @@ from agentevolver.memory_service.models import (
     VectorStoreRequest,
     VectorStoreResponse,
 )
-from agentevolver.memory_service.retriever import Retriever
-from agentevolver.memory_service.settings import MemoryServiceSettings
-from agentevolver.memory_service.store import VectorStore, open_store
-from agentevolver.memory_service.summarizer import Summarizer
 
 __all__ = ["MemoryService"]
 

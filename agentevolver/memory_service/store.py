@@ -31,9 +31,9 @@ import numpy as np
 from filelock import FileLock, Timeout
 
 from agentevolver.memory_service.errors import StoreMismatch
-from agentevolver.memory_service.models import TaskMemory
 from agentevolver.memory_service.settings import StoreSettings
 from agentevolver.registry import Registry
+from agentevolver.schema.memory_wire import TaskMemory
 
 __all__ = ["STORES", "FaissStore", "SearchHit", "VectorStore", "open_store", "register_store"]
 

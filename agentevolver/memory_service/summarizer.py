@@ -37,9 +37,11 @@ from agentevolver.errors import LLMError
 from agentevolver.memory_service import prompts
 from agentevolver.memory_service.embedding import Embedder
 from agentevolver.memory_service.errors import LLMFailed, LLMNotConfigured
-from agentevolver.memory_service.exemplar import EXEMPLAR
 from agentevolver.memory_service.exemplar_summary import ExemplarSummarizer
-from agentevolver.memory_service.models import (
+from agentevolver.memory_service.settings import SummarySettings
+from agentevolver.memory_service.store import VectorStore
+from agentevolver.schema.memory_wire import (
+    EXEMPLAR,
     RejectedMemory,
     SummaryMetadata,
     SummaryRequest,
@@ -48,8 +50,6 @@ from agentevolver.memory_service.models import (
     TaskMemory,
     TrajectoryIn,
 )
-from agentevolver.memory_service.settings import SummarySettings
-from agentevolver.memory_service.store import VectorStore
 
 __all__ = ["Summarizer"]
 

@@ -11,7 +11,6 @@ from agentevolver.schema.env_wire import (
     CreateRequest,
     EnvRequest,
     EnvResponse,
-    ErrorDetail,
     EvaluateRequest,
     InstanceInfo,
     InstanceRequest,
@@ -20,6 +19,7 @@ from agentevolver.schema.env_wire import (
     StepData,
     StepRequest,
 )
+from agentevolver.schema.error import ErrorDetail
 from agentevolver.schema.message import ChatMessage, ToolCall, ToolFunction
 from agentevolver.schema.sample import Sample
 from agentevolver.schema.task import Task, TaskObjective

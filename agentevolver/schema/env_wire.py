@@ -21,6 +21,7 @@ from typing import Annotated, Any, Final, Generic, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from agentevolver.schema.error import ErrorDetail
 from agentevolver.schema.message import ChatMessage
 
 T = TypeVar("T")
@@ -103,14 +104,6 @@ class InstanceRequest(EnvRequest):
     """``/get_info`` and ``/release``: address one live instance."""
 
     instance_id: str = Field(min_length=1)
-
-
-class ErrorDetail(BaseModel):
-    """Why a request failed: a short code, a message that says what to change, and the field if one."""
-
-    code: str
-    message: str
-    field: str | None = None
 
 
 class EnvResponse(BaseModel, Generic[T]):

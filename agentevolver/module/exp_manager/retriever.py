@@ -26,7 +26,7 @@ from typing import Any
 
 from agentevolver.client.http import ServiceClientError
 from agentevolver.client.memory_client import MemoryClient, MemoryClientSettings
-from agentevolver.memory_service.exemplar import ADVICE, EXEMPLAR, ExperienceKind
+from agentevolver.schema.memory_wire import ADVICE, EXEMPLAR, ExperienceKind
 from agentevolver.schema.message import ChatMessage
 
 __all__ = ["ExperienceRetriever", "Retrieval", "format_experience", "task_query"]

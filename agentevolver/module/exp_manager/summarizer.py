@@ -26,7 +26,7 @@ from typing import Any
 
 from agentevolver.client.http import ServiceClientError
 from agentevolver.client.memory_client import MemoryClient
-from agentevolver.memory_service.exemplar import ADVICE, EXEMPLAR, ExperienceKind
+from agentevolver.schema.memory_wire import ADVICE, EXEMPLAR, ExperienceKind
 
 __all__ = ["BackgroundSummarizer", "summary_requests", "trajectories_from_records"]
 

@@ -1,8 +1,11 @@
-"""Request models of the OpenAI-compatible routes, and the one error type every route answers with.
+"""Wire models of the local LLM server's OpenAI-compatible routes: request bodies, and the answers the SDK lacks.
 
 Requests are our own pydantic models (the ``openai`` SDK ships request *TypedDicts*, whose validation
-errors would name union branches rather than the field); responses are the SDK's own pydantic models
-(``openai.types``), so what this server sends is exactly what the official client parses.
+errors would name union branches rather than the field); chat and text completions are answered with the
+SDK's own pydantic models (``openai.types``), so what the server sends is exactly what the official client
+parses. The answers the SDK has no model for (``/v1/models`` with ``max_model_len``, ``/stats``, the error
+body) are declared here. They live under ``schema``, next to the env and memory contracts, so that a
+client or a test reads the contract without importing the server.
 
 Policy for fields, chosen so that a request never means something other than what the caller wrote:
 
@@ -11,7 +14,7 @@ Policy for fields, chosen so that a request never means something other than wha
 * OpenAI fields whose effect this server cannot produce (``top_logprobs > 0``, penalties, ``logit_bias``,
   forced ``tool_choice``) are accepted only at their neutral value, else 400;
 * ``response_format`` ``json_object`` / ``json_schema`` is enforced by grammar-constrained decoding
-  (:mod:`.structured`); a schema it cannot enforce is a 400 naming the field inside it;
+  (:mod:`agentevolver.llm_server.structured`); a schema it cannot enforce is a 400 naming the field inside it;
 * fields with no effect on the output (``user``, ``metadata``, ``store``, ``service_tier``,
   ``parallel_tool_calls``, ``stream_options`` of a non-streamed request) are accepted and ignored;
 * vLLM's extra sampling fields that the CPU generator implements (``top_k``, ``repetition_penalty``,
@@ -19,12 +22,12 @@ Policy for fields, chosen so that a request never means something other than wha
   vLLM and this server without changing its requests.
 
 Message objects themselves ignore unknown keys, as vLLM does: callers forward stored conversations whose
-messages carry bookkeeping fields.
+messages carry bookkeeping fields. A validator that rejects a combination of fields raises
+:class:`FieldError`, so the server's 400 names the field to change rather than the body's root.
 """
 
 from __future__ import annotations
 
-import difflib
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
@@ -34,36 +37,22 @@ __all__ = [
     "ChatMessageIn",
     "CompletionRequest",
     "ErrorBody",
+    "ErrorInfo",
+    "FieldError",
+    "ModelCard",
     "ModelList",
-    "ServerError",
+    "ResponseFormat",
     "ServerStats",
-    "validation_error_to_server_error",
 ]
 
-#: OpenAI's ``error.type`` for a request the server refuses as written.
-INVALID_REQUEST = "invalid_request_error"
 
+class FieldError(ValueError):
+    """Raised in a model validator to name the field at fault (pydantic reports model errors at the root)."""
 
-class ServerError(Exception):
-    """An error answered as OpenAI's ``{"error": {message, type, param, code}}`` with ``status``.
-
-    ``param`` names the request field at fault (dotted for nested ones), so a client can show the user
-    which field to change; the message says how.
-    """
-
-    def __init__(
-        self, status: int, message: str, *, param: str | None = None, type_: str = INVALID_REQUEST,
-        code: str | None = None,
-    ) -> None:
+    def __init__(self, field: str, message: str) -> None:
         super().__init__(message)
-        self.status = status
+        self.field = field
         self.message = message
-        self.param = param
-        self.type = type_
-        self.code = code
-
-    def body(self) -> dict[str, Any]:
-        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
 
 
 class ErrorInfo(BaseModel):
@@ -242,10 +231,10 @@ class ResponseFormat(BaseModel):
     @model_validator(mode="after")
     def _schema_with_its_type(self) -> ResponseFormat:
         if self.type == "json_schema" and self.json_schema is None:
-            raise _FieldError("response_format.json_schema", "response_format type 'json_schema' needs "
+            raise FieldError("response_format.json_schema", "response_format type 'json_schema' needs "
                               "response_format.json_schema: {'name': ..., 'schema': {...}}")
         if self.type != "json_schema" and self.json_schema is not None:
-            raise _FieldError("response_format.json_schema",
+            raise FieldError("response_format.json_schema",
                               f"response_format.json_schema is only read with type 'json_schema' (got {self.type!r})")
         return self
 
@@ -288,11 +277,11 @@ class _SamplingFields(BaseModel):
     def _neutral_only(self) -> _SamplingFields:
         for name in ("frequency_penalty", "presence_penalty"):
             if getattr(self, name) not in (None, 0):
-                raise _FieldError(
+                raise FieldError(
                     name, f"{name} is not supported by this server (only 0); use repetition_penalty (> 0, 1 = off)"
                 )
         if self.logit_bias:
-            raise _FieldError("logit_bias", "logit_bias is not supported by this server; leave it out")
+            raise FieldError("logit_bias", "logit_bias is not supported by this server; leave it out")
         return self
 
     def stop_strings(self) -> list[str]:
@@ -324,27 +313,27 @@ class ChatCompletionRequest(_SamplingFields):
             and self.max_completion_tokens is not None
             and self.max_tokens != self.max_completion_tokens
         ):
-            raise _FieldError(
+            raise FieldError(
                 "max_completion_tokens",
                 f"max_tokens ({self.max_tokens}) and max_completion_tokens ({self.max_completion_tokens}) "
                 "disagree; send one of them",
             )
         if self.top_logprobs:
-            raise _FieldError(
+            raise FieldError(
                 "top_logprobs",
                 "top_logprobs > 0 is not supported: this server returns the log-prob of each chosen token only "
                 "(send logprobs: true with top_logprobs 0 or absent)",
             )
         if self.top_logprobs is not None and not self.logprobs:
-            raise _FieldError("top_logprobs", "top_logprobs needs logprobs: true")
+            raise FieldError("top_logprobs", "top_logprobs needs logprobs: true")
         if isinstance(self.tool_choice, NamedToolChoice) or self.tool_choice == "required":
-            raise _FieldError(
+            raise FieldError(
                 "tool_choice",
                 "tool_choice 'required' or a named function is not supported; use 'auto' or 'none' (or "
                 "response_format json_schema for a reply of a given shape)",
             )
         if self.response_format is not None and self.response_format.type != "text" and self.ignore_eos:
-            raise _FieldError("ignore_eos", "ignore_eos cannot be combined with a JSON response_format: the reply "
+            raise FieldError("ignore_eos", "ignore_eos cannot be combined with a JSON response_format: the reply "
                                             "ends when its JSON is complete; leave ignore_eos out")
         return self
 
@@ -373,22 +362,22 @@ class CompletionRequest(_SamplingFields):
     @model_validator(mode="after")
     def _completion_checks(self) -> CompletionRequest:
         if isinstance(self.prompt, list) and not self.prompt:
-            raise _FieldError("prompt", "prompt is an empty list; send a string, a list of strings or token ids")
+            raise FieldError("prompt", "prompt is an empty list; send a string, a list of strings or token ids")
         if any(isinstance(p, list) and not p for p in self.prompt if isinstance(self.prompt, list)):
-            raise _FieldError("prompt", "prompt holds an empty token list")
+            raise FieldError("prompt", "prompt holds an empty token list")
         if self.logprobs:
-            raise _FieldError(
+            raise FieldError(
                 "logprobs",
                 "logprobs > 0 (top alternatives) is not supported: send logprobs: 0 for the chosen tokens' log-probs",
             )
         if self.echo:
-            raise _FieldError("echo", "echo is not supported; leave it out or false")
+            raise FieldError("echo", "echo is not supported; leave it out or false")
         if self.suffix:
-            raise _FieldError("suffix", "suffix (insertion) is not supported; leave it out")
+            raise FieldError("suffix", "suffix (insertion) is not supported; leave it out")
         if self.best_of is not None and self.best_of != self.n:
-            raise _FieldError("best_of", f"best_of must equal n ({self.n}) or be left out")
+            raise FieldError("best_of", f"best_of must equal n ({self.n}) or be left out")
         if self.stream:
-            raise _FieldError("stream", "stream is not supported on /v1/completions; use /v1/chat/completions "
+            raise FieldError("stream", "stream is not supported on /v1/completions; use /v1/chat/completions "
                                         "or leave stream false")
         return self
 
@@ -400,68 +389,3 @@ class CompletionRequest(_SamplingFields):
         if all(isinstance(p, int) for p in prompt):
             return [list(prompt)]  # type: ignore[arg-type]
         return list(prompt)  # type: ignore[arg-type]
-
-
-# -- validation errors -> ServerError --------------------------------------------------------------------------
-
-
-class _FieldError(ValueError):
-    """Raised in a model validator to name the field at fault (pydantic reports model errors at the root)."""
-
-    def __init__(self, field: str, message: str) -> None:
-        super().__init__(message)
-        self.field = field
-        self.message = message
-
-
-def validation_error_to_server_error(
-    errors: list[dict[str, Any]], model: type[BaseModel] | None = None
-) -> ServerError:
-    """Turn pydantic / FastAPI error dicts into a 400 naming the first field at fault.
-
-    ``errors`` come from ``ValidationError.errors()`` or ``RequestValidationError.errors()`` (whose
-    locations start with ``"body"``). All problems are listed in the message; ``param`` is the first.
-    """
-    messages: list[str] = []
-    first: str | None = None
-    for error in errors:
-        loc = [str(part) for part in error.get("loc", ()) if part != "body" and not _is_type_tag(part)]
-        kind = error.get("type", "")
-        ctx = error.get("ctx") or {}
-        cause = ctx.get("error")
-        if isinstance(cause, _FieldError):
-            field, text = cause.field, cause.message
-        elif kind == "json_invalid":
-            field, text = "body", f"the body is not valid JSON ({ctx.get('error', error.get('msg'))})"
-        elif kind == "extra_forbidden":
-            field = ".".join(loc)
-            text = f"unknown field {field!r}{_close_match(loc[-1] if loc else '', model)}"
-        elif not loc and kind in ("missing", "model_attributes_type", "dict_type", "model_type"):
-            field, text = "body", "the body must be a JSON object (sent with Content-Type: application/json)"
-        else:
-            field = ".".join(loc) or "body"
-            got = error.get("input")
-            shown = "" if kind == "missing" or isinstance(got, dict | list) else f" (got {got!r})"
-            text = f"{field}: {_plain(error.get('msg', 'invalid'))}{shown}"
-        first = first or field
-        if text not in messages:
-            messages.append(text)
-    return ServerError(400, "; ".join(messages) or "invalid request", param=first)
-
-
-def _is_type_tag(part: Any) -> bool:
-    """pydantic puts union branch names (``str``, ``list[TextPart]``, ``ToolIn``) into error locations."""
-    if not isinstance(part, str):
-        return False
-    return "[" in part or part in ("str", "int", "float", "bool", "list", "dict") or part[:1].isupper()
-
-
-def _plain(message: str) -> str:
-    return message.removeprefix("Value error, ")
-
-
-def _close_match(name: str, model: type[BaseModel] | None) -> str:
-    if model is None:
-        return ""
-    close = difflib.get_close_matches(name, list(model.model_fields), n=1, cutoff=0.6)
-    return f"; did you mean {close[0]!r}?" if close else f"; accepted fields: {', '.join(sorted(model.model_fields))}"

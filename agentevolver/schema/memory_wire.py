@@ -1,8 +1,10 @@
 """Wire models of the memory service: the ReMe 0.2 task-memory API, as pydantic models.
 
-The service validates requests with these models and the client (:mod:`agentevolver.client.memory_client`)
-builds its requests and parses its answers with the same ones, so the two cannot drift. The shapes follow
-ReMe's task memory so that a real ReMe 0.2 server is a drop-in replacement (change ``base_url``):
+The service (:mod:`agentevolver.memory_service`) validates requests with these models and the client
+(:mod:`agentevolver.client.memory_client`) builds its requests and parses its answers with the same ones, so
+the two cannot drift; they live here, under ``schema``, so that the client and the experience manager import
+the contract and never the server. The shapes follow ReMe's task memory so that a real ReMe 0.2 server is a
+drop-in replacement (change ``base_url``):
 
 * a memory is ``{workspace_id, memory_id, memory_type: "task", when_to_use, content, score, time_created,
   time_modified, author, metadata}``; ``when_to_use`` is what is embedded and searched, ``content`` is the
@@ -13,7 +15,8 @@ ReMe's task memory so that a real ReMe 0.2 server is a drop-in replacement (chan
 
 Added here, optional, so a client that does not send it gets ReMe's behaviour: ``experience_kind`` on
 summary and retrieval requests. ``exemplar`` stores solved episodes whole (no LLM) and retrieves only those,
-rendered as worked examples (:mod:`.exemplar`); ``advice`` (the default) is ReMe's distilled experience.
+rendered as worked examples (:mod:`agentevolver.memory_service.exemplar`); ``advice`` (the default) is ReMe's
+distilled experience. A stored memory's kind is ``metadata.kind`` (:func:`memory_kind`).
 
 Import-light on purpose (pydantic only): the trainer imports the client without torch or faiss.
 """
@@ -27,14 +30,17 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from agentevolver.memory_service.exemplar import ExperienceKind
+from agentevolver.schema.error import ErrorDetail
 from agentevolver.schema.message import ChatMessage
 
 __all__ = [
     "ACTIONS",
+    "ADVICE",
+    "EXEMPLAR",
     "WORKSPACE_ID_PATTERN",
     "ErrorAnswer",
     "ErrorDetail",
+    "ExperienceKind",
     "ImportResponse",
     "InfoResponse",
     "MemoryRecordIn",
@@ -52,6 +58,7 @@ __all__ = [
     "VectorStoreRequest",
     "VectorStoreResponse",
     "WorkspacesResponse",
+    "memory_kind",
     "now_string",
 ]
 
@@ -62,7 +69,18 @@ WORKSPACE_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._@+=-]{0,199}$"
 ACTIONS = ("copy", "delete", "delete_ids", "dump", "load", "list")
 Action = Literal["copy", "delete", "delete_ids", "dump", "load", "list"]
 
+#: The two kinds of experience a workspace can hold (``metadata.kind`` of a memory; advice when absent).
+ExperienceKind = Literal["advice", "exemplar"]
+ADVICE: ExperienceKind = "advice"
+EXEMPLAR: ExperienceKind = "exemplar"
+
 _TIME_FORMAT = "%Y-%m-%d %H:%M:%S"
+
+
+def memory_kind(memory: Any) -> ExperienceKind:
+    """The kind of a stored memory (a :class:`TaskMemory` or anything with ``metadata``)."""
+    metadata = getattr(memory, "metadata", None) or {}
+    return EXEMPLAR if metadata.get("kind") == EXEMPLAR else ADVICE
 
 
 def now_string() -> str:
@@ -218,14 +236,6 @@ class VectorStoreRequest(BaseModel):
     path: str | None = None
 
     _workspace = field_validator("workspace_id")(_check_workspace_id)
-
-
-class ErrorDetail(BaseModel):
-    """What went wrong: a machine-readable code, a message that says what to change, the field to fix."""
-
-    code: str
-    message: str
-    field: str | None = None
 
 
 class _Response(BaseModel):
