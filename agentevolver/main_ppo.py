@@ -34,6 +34,7 @@ def prepare_config(cfg: DictConfig) -> DictConfig:
 
     settings = validate_config(cfg)
     _check_loggers(cfg.trainer.get("logger"))
+    _one_adca_switch(cfg)
     _check_stages(cfg, settings)
     with open_dict(cfg):
         cfg.actor_rollout_ref.model.path = str(resolve_model_path(str(cfg.actor_rollout_ref.model.path)))
@@ -44,6 +45,19 @@ def prepare_config(cfg: DictConfig) -> DictConfig:
         for key in ("synthetic_tasks_path", "checkpoint_path"):
             cfg.task_manager[key] = str(Path(str(cfg.task_manager[key])).expanduser().resolve())
     return cfg
+
+
+def _one_adca_switch(cfg: DictConfig) -> None:
+    """ADCA's switch is ``algorithm.adv_estimator=adca_grpo``; the old one (``attribution_driven_credit_assignment
+    .enable=true`` with GRPO) still works: it becomes the new one, with a one-line notice."""
+    from agentevolver.module.adv_processor import ADCA_ESTIMATOR
+
+    section = cfg.get("attribution_driven_credit_assignment") or {}
+    if section.get("enable", False) and str(cfg.algorithm.adv_estimator) in ("grpo", "grpo_vectorized"):
+        print(f"[agentevolver] notice: attribution_driven_credit_assignment.enable=true is the old switch of ADCA; "
+              f"it is algorithm.adv_estimator={ADCA_ESTIMATOR} now (set that instead; same training)", file=sys.stderr)
+        with open_dict(cfg):
+            cfg.algorithm.adv_estimator = ADCA_ESTIMATOR
 
 
 def _check_stages(cfg: DictConfig, settings: object) -> None:

@@ -16,7 +16,6 @@ from verl.trainer.ppo.ray_trainer import compute_advantage
 
 from agentevolver.finished_run import checkpoint_step, finished_message
 from agentevolver.verl.faults import TooManyFailures, check_failed_share, exclude_failed, failure_metrics
-from agentevolver.verl.rollout_manager import StepRolloutManager
 
 
 def batch_of(scores: list[float], groups: list[str], failures: list[str], width: int = 3) -> DataProto:
@@ -30,10 +29,11 @@ def batch_of(scores: list[float], groups: list[str], failures: list[str], width:
         tensors={"token_level_rewards": rewards, "response_mask": torch.ones(n, width, dtype=torch.int64)},
         non_tensors={"uid": np.array(groups, dtype=object), "failure": np.array(failures, dtype=object),
                      "other_samples": others})
-    return compute_advantage(data, adv_estimator="grpo", num_repeat=2)
+    return data
 
 
-def recompute(batch: DataProto) -> DataProto:
+def advantages(batch: DataProto) -> DataProto:
+    """The step's advantage stage, which runs after the ``faults`` stage."""
     return compute_advantage(batch, adv_estimator="grpo", num_repeat=2)
 
 
@@ -41,7 +41,8 @@ def test_a_failed_row_trains_nothing_and_sets_no_baseline() -> None:
     scores, groups = [1.0, 0.0, 0.0, 1.0, 0.0, 1.0], ["a", "a", "a", "b", "b", "b"]
     failures = ["", "", "env", "", "grader", ""]
     batch = batch_of(scores, groups, failures)
-    assert exclude_failed(batch, recompute_advantages=recompute) == 2
+    assert exclude_failed(batch) == 2
+    batch = advantages(batch)
     mask = batch.batch["response_mask"]
     assert mask[[2, 4]].sum() == 0 and mask[[0, 1, 3, 5]].min() == 1
     assert batch.non_tensor_batch["other_samples"][2] == [] and batch.non_tensor_batch["other_samples"][0] != []
@@ -59,9 +60,9 @@ def test_a_failed_row_trains_nothing_and_sets_no_baseline() -> None:
 
 def test_a_batch_without_failures_is_left_alone() -> None:
     batch = batch_of([1.0, 0.0], ["a", "a"], ["", ""])
-    before = batch.batch["advantages"].clone()
-    assert exclude_failed(batch, recompute_advantages=lambda b: pytest.fail("nothing to recompute")) == 0
-    assert torch.equal(batch.batch["advantages"], before)
+    before = batch.batch["response_mask"].clone()
+    assert exclude_failed(batch) == 0
+    assert torch.equal(batch.batch["response_mask"], before) and list(batch.non_tensor_batch["uid"]) == ["a", "a"]
     assert failure_metrics(batch.non_tensor_batch) == {
         "episode/failed": 0.0, "episode/failed_share": 0.0, "episode/failed/env": 0.0,
         "episode/failed/rollout": 0.0, "episode/failed/grader": 0.0}
@@ -86,31 +87,6 @@ def test_the_stop_rule(failures: list[str], share: float, stops: bool) -> None:
     message = str(caught.value)
     assert message.startswith("training step 3: ") and "agent_flow.max_failed_share" in message
     assert "x env: check the environment service (env_service.env_url" in message
-
-
-class _Rollout:
-    """verl's agent-loop manager at the edge: returns the batch it is given with a failure column."""
-
-    def __init__(self, failures: list[str]) -> None:
-        self.failures = failures
-        self.other = "forwarded"
-
-    def generate_sequences(self, batch: DataProto) -> DataProto:
-        batch.non_tensor_batch["failure"] = np.array(self.failures, dtype=object)
-        return batch
-
-
-def test_the_rollout_stage_stops_a_failed_training_step_but_not_validation() -> None:
-    def rows(validate: bool) -> DataProto:
-        data = DataProto.from_dict(tensors={"x": torch.zeros(2, 1)})
-        data.meta_info.update(validate=validate, global_steps=7)
-        return data
-
-    manager = StepRolloutManager(_Rollout(["env", "env"]), None, max_failed_share=0.5)
-    assert manager.other == "forwarded"
-    manager.generate_sequences(rows(validate=True))  # validation counts failures, never stops the run
-    with pytest.raises(TooManyFailures, match="training step 7: every episode failed"):
-        manager.generate_sequences(rows(validate=False))
 
 
 def test_a_finished_run_is_recognised_from_verls_checkpoint_tracker(tmp_path) -> None:

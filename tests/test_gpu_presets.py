@@ -112,7 +112,7 @@ def test_7b_presets_carry_the_references_numbers(composed: dict[str, DictConfig]
     assert cfg.task_manager.n == 8 and not cfg.task_manager.mixture.use_original_tasks
     assert cfg.exp_manager.train_rollout_mode == "mixed" and cfg.memory.enable_context_generator
     assert aro.actor.policy_loss.loss_mode == "exp_on_off"
-    assert cfg.attribution_driven_credit_assignment.enable
+    assert cfg.algorithm.adv_estimator == "adca_grpo"  # ADCA's one switch
     assert cfg.attribution_driven_credit_assignment.adca_grpo.alpha == 0.2
     assert cfg.env_service.env_type == {"appworld_qwen25_7b": "appworld", "bfcl_qwen25_7b": "bfcl"}[name]
 

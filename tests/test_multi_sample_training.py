@@ -72,7 +72,7 @@ def _check_every_sample_trained(run: Path) -> None:
         assert metrics["train/rows"] % 8 == 0  # whole mini-batches (ppo_mini_batch_size 2 x n 4)
         if earlier:
             assert metrics["train/earlier_sample_policy_tokens"] > 0
-        for name in ("timing_s/adca_judge", "timing_s/dump", "timing_s/sample_rows", "timing_s/actor_update"):
+        for name in ("timing_s/judge", "timing_s/dump", "timing_s/sample_rows", "timing_s/update_actor"):
             assert name in metrics
     assert earlier_total > 0, "no episode produced more than one sample"
     trained = [step for step, m in sorted(steps.items()) if m.get("train/earlier_sample_adv_abs_mean", 0.0) > 0]

@@ -1,5 +1,5 @@
 """Multi-sample episodes become training rows (agentevolver.verl.sample_rows): layout, advantages, padding,
-log-probs, and a gradient through verl's real policy loss on the earlier samples' tokens."""
+the episode rows first, and a gradient through verl's real policy loss on the earlier samples' tokens."""
 
 from __future__ import annotations
 
@@ -10,7 +10,14 @@ from verl import DataProto
 from verl.trainer.ppo import core_algos
 from verl.workers.config import ActorConfig
 
-from agentevolver.verl.sample_rows import SAMPLE_ROLE, expand_sample_rows, refusal
+from agentevolver.verl.sample_rows import (
+    SAMPLE_PARENT,
+    SAMPLE_ROLE,
+    episode_rows,
+    expand_sample_rows,
+    refusal,
+    spread_advantages,
+)
 
 PAD = 0
 P, R = 6, 5  # prompt and response widths of the batch
@@ -36,16 +43,13 @@ def _objects(values: list) -> np.ndarray:
 
 
 def _episode_batch() -> DataProto:
-    """Two episodes of one GRPO group: episode 0 has one earlier sample (2 policy tokens, step 0), episode 1
-    none. GRPO advantages +1 / -1 on the final samples' policy tokens."""
+    """Two episodes of one GRPO group as the rollout returns them: episode 0 has one earlier sample (2 policy
+    tokens, step 0), episode 1 none."""
     rows = [_row([11, 12, 13], [21, 22, 23], [1, 1, 1]), _row([11, 12], [31, 32], [1, 1])]
     tensors = {key: torch.stack([r[key] for r in rows]) for key in rows[0]}
     mask = tensors["response_mask"].float()
-    tensors["advantages"] = torch.tensor([[1.0], [-1.0]]) * mask
-    tensors["returns"] = tensors["advantages"].clone()
-    tensors["token_level_rewards"] = torch.zeros(2, R)
+    tensors["token_level_scores"] = torch.zeros(2, R)
     tensors["rollout_log_probs"] = -0.5 * mask
-    tensors["old_log_probs"] = -0.4 * mask
     tensors["dummy_tensor"] = torch.tensor([[5], [6]])  # verl's per-row placeholder: copied from the episode
     earlier = {"prompt_ids": [11, 12], "response_ids": [41, 42, 43], "response_mask": [1, 0, 1],
                "step_ids": [0, -1, 0], "response_logprobs": [-0.1, 0.0, -0.2], "exp_mask": True}
@@ -56,12 +60,26 @@ def _episode_batch() -> DataProto:
     return DataProto.from_dict(tensors=tensors, non_tensors=non_tensor, meta_info={"global_token_num": [6, 4]})
 
 
+def _with_advantages(rows: DataProto, episodes: int = 2, table: list | None = None) -> DataProto:
+    """What the advantage stage does: GRPO advantages +1 / -1 on the episode rows, spread to the others."""
+    batch = episode_rows(rows, episodes)
+    batch.batch["advantages"] = torch.tensor([[1.0], [-1.0]]) * batch.batch["response_mask"].float()
+    batch.batch["returns"] = batch.batch["advantages"].clone()
+    batch.batch["token_level_rewards"] = batch.batch["token_level_scores"]
+    if table is not None:
+        batch.non_tensor_batch["step_advantages"] = _objects(table)
+    spread_advantages(rows, batch)
+    return rows
+
+
 def test_earlier_samples_become_rows_with_the_episodes_advantage() -> None:
     batch = _episode_batch()
     rows, metrics = expand_sample_rows(batch, pad_token_id=PAD, rows_per_minibatch=2, bypass=True)
     assert metrics["train/episode_rows"] == 2 and metrics["train/earlier_sample_rows"] == 1
     assert metrics["train/pad_rows"] == 1 and len(rows) == metrics["train/rows"] == 4
     assert list(rows.non_tensor_batch[SAMPLE_ROLE]) == ["final", "final", "earlier", "pad"]
+    assert list(rows.non_tensor_batch[SAMPLE_PARENT]) == [0, 1, 0, 0]
+    _with_advantages(rows)
     added = rows[2]
     # verl's agent-loop layout: prompt left-padded, response right-padded, positions from the attention mask
     assert added.batch["prompts"].tolist() == [0, 0, 0, 0, 11, 12]
@@ -70,49 +88,36 @@ def test_earlier_samples_become_rows_with_the_episodes_advantage() -> None:
     assert added.batch["attention_mask"].tolist() == [0, 0, 0, 0, 1, 1, 1, 1, 1, 0, 0]
     assert added.batch["position_ids"].tolist() == [0, 0, 0, 0, 0, 1, 2, 3, 4, 4, 4]
     assert added.batch["response_mask"].tolist() == [1, 0, 1, 0, 0]
-    # the episode's advantage (+1) on the earlier sample's policy tokens; its own rollout log-probs (bypass)
+    # the episode's advantage (+1) on the earlier sample's policy tokens; its own rollout log-probs
     assert added.batch["advantages"].tolist() == [1.0, 0.0, 1.0, 0.0, 0.0]
     assert added.batch["returns"].tolist() == added.batch["advantages"].tolist()
-    assert added.batch["old_log_probs"].tolist() == pytest.approx([-0.1, 0.0, -0.2, 0.0, 0.0])
-    assert added.batch["token_level_rewards"].abs().sum() == 0
+    assert added.batch["rollout_log_probs"].tolist() == pytest.approx([-0.1, 0.0, -0.2, 0.0, 0.0])
+    assert added.batch["token_level_rewards"].abs().sum() == 0 and added.batch["token_level_scores"].abs().sum() == 0
     assert added.non_tensor_batch["exp_mask"] is True and added.non_tensor_batch["uid"] == "g"
     assert added.non_tensor_batch["step_ids"].tolist() == [0, -1, 0, -1, -1]
     assert added.batch["dummy_tensor"].tolist() == [5]
-    # padding trains nothing; the caller's episode batch is unchanged (verl's metrics read it)
+    # the episode rows keep their own advantages; padding trains nothing
+    assert rows[0].batch["advantages"].tolist() == [1.0, 1.0, 1.0, 0.0, 0.0]
     assert rows[3].batch["response_mask"].sum() == 0 and rows[3].batch["advantages"].abs().sum() == 0
+    # the caller's episode batch is unchanged
     assert len(batch) == 2 and "other_samples" in batch.non_tensor_batch
     assert batch.meta_info["global_token_num"] == [6, 4]
     assert rows.meta_info["global_token_num"] == rows.batch["attention_mask"].sum(-1).tolist()
 
 
 def test_adca_step_advantages_reach_earlier_samples_through_their_step_ids() -> None:
-    batch = _episode_batch()
-    table = np.empty(2, dtype=object)
-    table[:] = [[0.75, -0.25], None]  # episode 0 labelled: step 0 -> 0.75, step 1 -> -0.25
-    batch.non_tensor_batch["step_advantages"] = table
-    rows, _ = expand_sample_rows(batch, pad_token_id=PAD, rows_per_minibatch=1, bypass=True)
+    rows, _ = expand_sample_rows(_episode_batch(), pad_token_id=PAD, rows_per_minibatch=1, bypass=True)
     assert len(rows) == 3
+    _with_advantages(rows, table=[[0.75, -0.25], None])  # episode 0 labelled: step 0 -> 0.75, step 1 -> -0.25
     assert rows[2].batch["advantages"].tolist() == [0.75, 0.0, 0.75, 0.0, 0.0]
 
 
-def test_decoupled_mode_recomputes_old_and_reference_log_probs_for_the_added_rows() -> None:
-    batch = _episode_batch()
-    batch.batch["ref_log_prob"] = torch.zeros(2, R)
-    seen = []
-
-    def old(rows: DataProto) -> torch.Tensor:
-        seen.append(("old", len(rows)))
-        return torch.full((len(rows), R), -3.0)
-
-    def ref(rows: DataProto) -> torch.Tensor:
-        seen.append(("ref", len(rows)))
-        return torch.full((len(rows), R), -7.0)
-
-    rows, _ = expand_sample_rows(batch, pad_token_id=PAD, rows_per_minibatch=1, bypass=False,
-                                 compute_old=old, compute_ref=ref)
-    assert seen == [("old", 1), ("ref", 1)]
-    assert rows[2].batch["old_log_probs"][0] == -3.0 and rows[2].batch["ref_log_prob"][0] == -7.0
-    assert rows[0].batch["old_log_probs"][0] == pytest.approx(-0.4)  # episode rows keep theirs
+def test_the_episode_rows_come_first_so_the_advantage_sees_each_episode_once() -> None:
+    rows, _ = expand_sample_rows(_episode_batch(), pad_token_id=PAD, rows_per_minibatch=2, bypass=False)
+    episodes = episode_rows(rows, 2)
+    assert len(episodes) == 2 and list(episodes.non_tensor_batch[SAMPLE_ROLE]) == ["final", "final"]
+    assert torch.equal(episodes.batch["responses"], _episode_batch().batch["responses"])
+    assert "old_log_probs" not in rows.batch  # the step's log-prob pass computes them for every row at once
 
 
 def test_a_column_it_cannot_fill_is_an_error_naming_it() -> None:
@@ -122,22 +127,26 @@ def test_a_column_it_cannot_fill_is_an_error_naming_it() -> None:
         expand_sample_rows(batch, pad_token_id=PAD, rows_per_minibatch=1, bypass=True)
 
 
-def test_without_earlier_samples_the_batch_is_unchanged() -> None:
+def test_without_earlier_samples_the_rows_are_the_episodes() -> None:
     batch = _episode_batch()
     batch.non_tensor_batch["other_samples"][0] = []
     rows, metrics = expand_sample_rows(batch, pad_token_id=PAD, rows_per_minibatch=2, bypass=True)
     assert len(rows) == 2 and metrics["train/pad_rows"] == 0
-    assert torch.equal(rows.batch["advantages"], batch.batch["advantages"])
+    assert episode_rows(rows, 2) is rows
+    _with_advantages(rows)
+    assert rows.batch["advantages"][1].tolist() == [-1.0, -1.0, 0.0, 0.0, 0.0]
 
 
 def test_the_earlier_sample_gets_a_gradient_from_verls_policy_loss() -> None:
     """verl's vanilla PPO loss over the expanded rows: the earlier sample's policy tokens get a non-zero
     gradient, its observation token and the padding row none."""
     rows, _ = expand_sample_rows(_episode_batch(), pad_token_id=PAD, rows_per_minibatch=2, bypass=True)
-    log_prob = rows.batch["old_log_probs"].clone().requires_grad_(True)
+    _with_advantages(rows)
+    old = rows.batch["rollout_log_probs"]  # bypass mode: the rollout's log-probs are the old ones
+    log_prob = old.clone().requires_grad_(True)
     config = ActorConfig(strategy="fsdp", rollout_n=1, ppo_micro_batch_size_per_gpu=1)
     loss, _ = core_algos.compute_policy_loss_vanilla(
-        old_log_prob=rows.batch["old_log_probs"], log_prob=log_prob, advantages=rows.batch["advantages"],
+        old_log_prob=old, log_prob=log_prob, advantages=rows.batch["advantages"],
         response_mask=rows.batch["response_mask"], loss_agg_mode="token-mean", config=config)
     loss.backward()
     grad = log_prob.grad

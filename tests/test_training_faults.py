@@ -63,6 +63,8 @@ def test_failed_episodes_stay_out_of_the_update_and_a_hung_judge_falls_back_to_g
                                "llm.endpoints.local.max_retries=0", "trainer.save_freq=-1")
     done = run_training(command, tmp_path)
     assert done.returncode == 0, (done.stdout + done.stderr)[-6000:]
+    # the old switch of ADCA still works, with a one-line notice naming the new one
+    assert "it is algorithm.adv_estimator=adca_grpo now" in done.stderr
     steps = read_metrics(tmp_path / "run" / "metrics.jsonl")
     assert sorted(steps) == [1, 2]  # trained to the last step
     for step, metrics in steps.items():

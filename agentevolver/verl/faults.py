@@ -3,14 +3,12 @@
 An episode whose environment, rollout server, ``/evaluate`` or grader failed has no trustworthy reward
 (:attr:`~agentevolver.module.agent_flow.episode.EpisodeResult.failure`; the agent loop puts it in the batch's
 ``failure`` column). It still made a well-formed row, so verl's checks (shapes, rollout log-probs) hold, but
-it must not teach the policy anything: here, before any advantage of ours is read,
+it must not teach the policy anything: here, in the step's ``faults`` stage right after the rollout,
 
 - its response mask is cleared (no policy-gradient, KL or entropy term on its tokens) and its earlier samples
   (multi-sample context managers) are dropped, so it makes no row of its own;
-- it gets a GRPO group of its own (a fresh ``uid``), and the step's advantages are computed again with verl's
-  own ``compute_advantage``, so the 0 reward of a failed episode does not lower its task's baseline (verl
-  computed them before the update, with the failed episodes in their groups). ADCA, which runs next,
-  groups by the same ``uid``.
+- it gets a GRPO group of its own (a fresh ``uid``), so when the advantage stage runs, the 0 reward of a
+  failed episode does not lower its task's baseline. ADCA groups by the same ``uid``.
 
 The run stops, with a message naming the failing service(s), when every episode of a step failed or the
 failed share is above ``agent_flow.max_failed_share``: training on the rest of such a step would be noise.
@@ -26,7 +24,7 @@ import numpy as np
 
 from agentevolver.errors import AgentEvolverError
 
-__all__ = ["FAILURE_COLUMN", "TooManyFailures", "exclude_failed", "failure_metrics"]
+__all__ = ["FAILURE_COLUMN", "TooManyFailures", "check_failed_share", "exclude_failed", "failure_metrics"]
 
 #: Non-tensor column the agent loop fills (``""`` = a good episode, else the failing service).
 FAILURE_COLUMN = "failure"
@@ -83,18 +81,14 @@ def check_failed_share(non_tensor_batch: dict[str, Any], max_failed_share: float
         "through such steps; the step's episodes are in the rollout dump")
 
 
-def exclude_failed(batch: Any, *, recompute_advantages: Any) -> int:
+def exclude_failed(batch: Any) -> int:
     """Keep the failed rows of ``batch`` out of the update (module docstring); returns how many there were.
-
-    ``recompute_advantages(batch) -> batch`` is verl's ``compute_advantage`` bound to the run's algorithm
-    settings; it is called only when some row failed and the batch has advantages.
-    """
+    Runs before the advantage stage, which then sees each failed row alone in its group."""
     mask = failed_mask(batch.non_tensor_batch)
     if not mask.size or not mask.any():
         return 0
     rows = np.flatnonzero(mask)
-    response_mask = batch.batch["response_mask"]
-    response_mask[rows.tolist()] = 0
+    batch.batch["response_mask"][rows.tolist()] = 0
     uid = np.array(batch.non_tensor_batch["uid"], dtype=object, copy=True)
     for row in rows:
         uid[row] = f"failed-{uuid.uuid4().hex}"
@@ -103,9 +97,4 @@ def exclude_failed(batch: Any, *, recompute_advantages: Any) -> int:
     if others is not None:
         for row in rows:
             others[row] = []
-    if "advantages" in batch.batch:
-        recomputed = recompute_advantages(batch)
-        batch.batch["advantages"] = recomputed.batch["advantages"] * response_mask.to(recomputed.batch["advantages"].dtype)
-        if "returns" in recomputed.batch:
-            batch.batch["returns"] = recomputed.batch["returns"]
     return int(rows.size)

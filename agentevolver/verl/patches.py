@@ -1,7 +1,7 @@
 """Every monkeypatch this project applies to verl 0.9.1, each behind a guard that fails if verl changed.
 
 verl's registries and entry points cover almost everything (platform, engines, rollout, agent loop, policy
-loss, advantage estimator); these three places have no seam:
+loss, advantage estimator); these three places have no public seam:
 
 1. **Process-group backend on CPU** (:func:`apply`, installed by :mod:`agentevolver.verl.plugin` on the ``cpu``
    platform). Patched: ``verl.utils.distributed.initialize_global_process_group_ray(timeout_second=None,
@@ -16,13 +16,14 @@ loss, advantage estimator); these three places have no seam:
    import ...``; modules that already bound the original are rebound too. Delete it once verl builds a
    valid backend string for ``cpu`` itself.
 
-2. **Logger backends** (:func:`apply_tracking`, installed by the trainer's task runner before ``fit()``).
-   ``RayPPOTrainer.fit`` builds ``verl.utils.tracking.Tracking`` itself (``from verl.utils.tracking import
-   Tracking`` inside the method) from ``trainer.logger``, and ``Tracking`` only knows a fixed list of
-   backends, so a project cannot add one. The replacement is a subclass
-   (:class:`agentevolver.verl.tracking.RunTracking`) that adds this project's ``table`` (the
-   per-step console table) and ``jsonl`` (``<run dir>/metrics.jsonl``) backends and passes every other
-   name to verl unchanged.
+2. **Trainer seams** (:func:`check_trainer_seams`; nothing is replaced). The training loop and step are this
+   project's (:mod:`agentevolver.verl.trainer`), built on verl's legacy ``RayPPOTrainer``, whose workers,
+   checkpoints and validation are reached only through its private methods (``_compute_old_log_prob``,
+   ``_update_actor``, ``_save_checkpoint``, ``_validate``, ...: :data:`TRAINER_SEAMS`). The step calls them as
+   its own inherited methods, and overrides one, ``_get_gen_batch``, which verl's ``_validate`` calls for every
+   validation batch, to draw Self-Navigating's experience plan on validation rows. The guard checks that each
+   still exists with the parameters the step passes, and that ``_validate`` still goes through
+   ``_get_gen_batch``. No other module calls a private verl method.
 
 3. **Worker-side rollout class** (:func:`apply_rollout`, installed by :mod:`agentevolver.verl.plugin` right
    after ``verl.workers.rollout.base`` is imported). verl's rollout worker finds its class through
@@ -49,8 +50,8 @@ from collections.abc import Callable
 from types import ModuleType
 from typing import Any
 
-__all__ = ["ROLLOUT_TARGET", "TARGET", "TRACKING_TARGET", "VerlChangedError", "apply", "apply_rollout",
-           "apply_tracking", "check_all", "is_applied", "rollout_is_registered", "tracking_is_applied"]
+__all__ = ["ROLLOUT_TARGET", "TARGET", "TRAINER_SEAMS", "TRAINER_TARGET", "VerlChangedError", "apply", "apply_rollout",
+           "check_all", "check_trainer_seams", "is_applied", "rollout_is_registered"]
 
 #: The patched function, as ``module:attribute``.
 TARGET = "verl.utils.distributed:initialize_global_process_group_ray"
@@ -123,55 +124,47 @@ def apply() -> bool:
     return True
 
 
-# --- 2. logger backends ----------------------------------------------------------------------------------
+# --- 2. trainer seams -----------------------------------------------------------------------------------
 
-#: The replaced class, as ``module:attribute``.
-TRACKING_TARGET = "verl.utils.tracking:Tracking"
-_TRACKING_PARAMETERS = ("self", "project_name", "experiment_name", "default_backend", "config")
-#: What ``RayPPOTrainer.fit`` must still contain for the replacement to be the class it builds.
-_FIT_SOURCE = ("from verl.utils.tracking import Tracking", "default_backend=self.config.trainer.logger")
+#: The class whose private methods the step calls, as ``module:attribute``.
+TRAINER_TARGET = "verl.trainer.ppo.ray_trainer:RayPPOTrainer"
+#: The legacy trainer's private methods that :class:`~agentevolver.verl.trainer.AgentEvolverTrainer`'s loop and
+#: step call (``_get_gen_batch`` is overridden instead), with the parameters each must still take.
+TRAINER_SEAMS: dict[str, tuple[str, ...]] = {
+    "_load_checkpoint": ("self",),
+    "_save_checkpoint": ("self",),
+    "_validate": ("self", "merged"),
+    "_get_gen_batch": ("self", "batch"),
+    "_balance_batch": ("self", "batch", "metrics", "logging_prefix", "keep_minibatch"),
+    "_compute_old_log_prob": ("self", "batch"),
+    "_compute_ref_log_prob": ("self", "batch"),
+    "_compute_values": ("self", "batch"),
+    "_update_actor": ("self", "batch"),
+    "_update_critic": ("self", "batch"),
+    "_start_profiling": ("self", "do_profile"),
+    "_stop_profiling": ("self", "do_profile", "run_command"),
+}
+#: What ``_validate`` must still do for the override of ``_get_gen_batch`` to see every validation batch.
+_VALIDATE_SOURCE = ("self._get_gen_batch(", "self.async_rollout_manager.generate_sequences(")
 
 
-def _check_tracking(tracking_cls: type, fit: Callable[..., Any]) -> None:
-    parameters = tuple(inspect.signature(tracking_cls.__init__).parameters)
-    if parameters != _TRACKING_PARAMETERS:
-        raise VerlChangedError(
-            f"{TRACKING_TARGET}.__init__ now takes {parameters}; the logger patch expects "
-            f"{_TRACKING_PARAMETERS}. Re-check agentevolver/verl/patches.py (patch 2) against the installed verl."
-        )
-    source = _source(fit, "RayPPOTrainer.fit")
-    missing = [line for line in _FIT_SOURCE if line not in source]
+def check_trainer_seams(trainer_cls: type) -> None:
+    """Every method of :data:`TRAINER_SEAMS` exists on ``trainer_cls`` with its parameters, and ``_validate``
+    still builds its rollout rows through ``_get_gen_batch``."""
+    for name, expected in TRAINER_SEAMS.items():
+        method = getattr(trainer_cls, name, None)
+        if method is None:
+            raise VerlChangedError(f"{TRAINER_TARGET}.{name} is gone; the training step calls it. Re-check "
+                                   "agentevolver/verl/trainer.py and agentevolver/verl/patches.py (seam 2).")
+        parameters = tuple(inspect.signature(method).parameters)
+        if parameters != expected:
+            raise VerlChangedError(f"{TRAINER_TARGET}.{name} now takes {parameters}; the training step calls it "
+                                   f"as {expected}. Re-check agentevolver/verl/trainer.py (seam 2).")
+    source = _source(trainer_cls._validate, f"{TRAINER_TARGET}._validate")
+    missing = [line for line in _VALIDATE_SOURCE if line not in source]
     if missing:
-        raise VerlChangedError(
-            f"RayPPOTrainer.fit no longer contains {missing}: it may not build {TRACKING_TARGET} from "
-            "trainer.logger any more. Re-check agentevolver/verl/patches.py (patch 2)."
-        )
-
-
-def tracking_is_applied() -> bool:
-    """Whether :func:`apply_tracking` has replaced verl's ``Tracking`` in this process."""
-    import verl.utils.tracking as tracking
-
-    return getattr(tracking.Tracking, _MARKER, False)
-
-
-def apply_tracking() -> bool:
-    """Make ``trainer.logger`` accept this project's backends (idempotent); True when installed by this call.
-
-    Raises:
-        VerlChangedError: verl's ``Tracking`` or ``RayPPOTrainer.fit`` differs from what this patch expects.
-    """
-    import verl.utils.tracking as tracking
-    from verl.trainer.ppo.ray_trainer import RayPPOTrainer
-
-    from agentevolver.verl.tracking import RunTracking
-
-    if getattr(tracking.Tracking, _MARKER, False):
-        return False
-    _check_tracking(tracking.Tracking, RayPPOTrainer.fit)
-    setattr(RunTracking, _MARKER, True)
-    tracking.Tracking = RunTracking
-    return True
+        raise VerlChangedError(f"{TRAINER_TARGET}._validate no longer contains {missing}: validation batches would "
+                               "miss Self-Navigating's experience plan. Re-check agentevolver/verl/patches.py (seam 2).")
 
 
 # --- 3. worker-side rollout class -----------------------------------------------------------------------
@@ -232,15 +225,11 @@ def check_all(cpu: bool) -> None:
     """
     import verl
     import verl.utils.distributed as distributed
-    import verl.utils.tracking as tracking
     import verl.workers.rollout.base as base
     from verl.trainer.ppo.ray_trainer import RayPPOTrainer
 
-    verl_tracking = tracking.Tracking
-    if getattr(verl_tracking, _MARKER, False):  # already replaced in this process: check verl's class
-        verl_tracking = verl_tracking.__bases__[0]
     checks: list[tuple[str, Callable[[], None]]] = [
-        (f"patch 2 ({TRACKING_TARGET})", lambda: _check_tracking(verl_tracking, RayPPOTrainer.fit)),
+        (f"seam 2 ({TRAINER_TARGET})", lambda: check_trainer_seams(RayPPOTrainer)),
         (f"patch 3 ({ROLLOUT_TARGET})", lambda: _check_rollout_registry(base)),
     ]
     if cpu:

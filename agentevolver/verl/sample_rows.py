@@ -5,8 +5,10 @@ several samples (one per context; the last is the *final* sample). verl's agent 
 episode, which carries the final sample's tensors; the agent loop puts the earlier samples' token lists in
 ``non_tensor_batch["other_samples"]`` (:func:`agentevolver.verl.agent_loop.to_agent_loop_output`).
 
-Everything up to the advantages runs on episode rows, so **each episode counts once in its GRPO group**.
-Just before the actor update, :func:`expand_sample_rows` appends one row per earlier sample:
+Right after the rollout (stage ``sample_rows``), :func:`expand_sample_rows` appends one row per earlier sample,
+so the log-prob passes run once over every row; the advantages are computed on the episode rows alone
+(:func:`episode_rows`), so **each episode counts once in its GRPO group**, and :func:`spread_advantages` then
+gives each added row its episode's:
 
 * tokens laid out exactly as verl's agent loop lays out a row (prompt left-padded to
   ``rollout.prompt_length``, response right-padded to ``rollout.response_length``, positions from the
@@ -15,8 +17,8 @@ Just before the actor update, :func:`expand_sample_rows` appends one row per ear
   scalar (read from the final sample's policy tokens) on every policy token of the earlier sample; for a
   sample labelled by ADCA, the episode's per-step advantage (``non_tensor_batch["step_advantages"]``) through
   the sample's own step ids, exactly as the final sample gets it;
-* ``rollout_log_probs`` are the sample's own; ``old_log_probs`` are the rollout's in bypass mode, otherwise
-  recomputed by the actor (``compute_old``), and ``ref_log_prob`` by the reference (``compute_ref``);
+* ``rollout_log_probs`` are the sample's own; ``old_log_probs`` (the rollout's in bypass mode) and
+  ``ref_log_prob`` come from the step's log-prob passes over all rows, as the episode rows' do;
 * per-sample ``exp_mask`` and ``step_ids``; every other column, and every tensor that is not per token
   (verl's ``dummy_tensor``), is copied from the episode's row.
 
@@ -30,24 +32,26 @@ a row). A response-shaped tensor this module does not know how to fill for an ad
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 import torch
 
-__all__ = ["OTHER_SAMPLES", "SAMPLE_ROLE", "expand_sample_rows", "minibatch_rows", "outcome_level_estimators",
-           "refusal"]
+__all__ = ["OTHER_SAMPLES", "SAMPLE_PARENT", "SAMPLE_ROLE", "episode_rows", "expand_sample_rows", "minibatch_rows",
+           "outcome_level_estimators", "refusal", "spread_advantages"]
 
 #: The agent loop's column with each episode's earlier samples (a list of token-field dicts per row).
 OTHER_SAMPLES = "other_samples"
 #: Added column: "final" for an episode's own row, "earlier" for an added sample, "pad" for padding.
 SAMPLE_ROLE = "sample_role"
+#: Added column: the index of each row's episode row (its own index for an episode row; 0 for padding).
+SAMPLE_PARENT = "sample_parent"
 
 #: verl advantage estimators whose advantage is one number per episode on every policy token, so it can be
 #: broadcast to the episode's other samples.
 _OUTCOME_ESTIMATORS = frozenset({"grpo", "grpo_vectorized", "rloo", "rloo_vectorized", "opo", "grpo_passk",
-                                 "gpg", "remax"})
+                                 "gpg", "adca_grpo"})
 #: Response-shaped columns filled here for an added row; anything else response-shaped is refused.
 _ZERO_FILLED = ("token_level_scores", "token_level_rewards", "rm_scores")
 _KNOWN = frozenset({"prompts", "responses", "response_mask", "input_ids", "attention_mask", "position_ids",
@@ -121,21 +125,18 @@ def expand_sample_rows(
     pad_token_id: int,
     rows_per_minibatch: int,
     bypass: bool,
-    compute_old: Callable[[Any], torch.Tensor] | None = None,
-    compute_ref: Callable[[Any], torch.Tensor] | None = None,
 ) -> tuple[Any, dict[str, float]]:
     """The batch with one row per sample (see the module docstring) and ``train/*`` counts.
 
-    ``compute_old`` / ``compute_ref`` take a DataProto of the added rows and return their (n, L) log-probs
-    (the trainer passes its actor / reference passes, padded to the worker count). A batch without earlier
-    samples is returned as it is, apart from the ``sample_role`` column and the padding.
+    The episode rows stay first, in their order (rows ``0 .. len(batch) - 1``), so the advantage stage finds
+    them there; ``sample_parent`` names each row's episode row. A batch without earlier samples comes back
+    as the same rows, apart from the two columns and the padding.
     """
     from verl import DataProto
 
-    # A shallow copy: the caller's batch (episode rows) keeps its columns and meta_info for verl's metrics.
+    # A shallow copy: the caller's batch (episode rows) keeps its columns.
     meta = {key: value for key, value in batch.meta_info.items() if key != "global_token_num"}
     batch = DataProto(batch=batch.batch, non_tensor_batch=dict(batch.non_tensor_batch), meta_info=meta)
-    tensors = batch.batch
     others = batch.non_tensor_batch.pop(OTHER_SAMPLES, None)
     size = len(batch)
     parents: list[int] = []
@@ -145,89 +146,15 @@ def expand_sample_rows(
             for sample in entry or ():
                 parents.append(index)
                 samples.append(sample)
-    roles = np.array(["final"] * size, dtype=object)
-    batch.non_tensor_batch[SAMPLE_ROLE] = roles
+    batch.non_tensor_batch[SAMPLE_ROLE] = np.array(["final"] * size, dtype=object)
+    batch.non_tensor_batch[SAMPLE_PARENT] = np.arange(size, dtype=np.int64)
     metrics = {"train/episode_rows": float(size), "train/earlier_sample_rows": float(len(samples))}
     if samples:
-        prompt_width = tensors["prompts"].shape[1]
-        response_width = tensors["responses"].shape[1]
-        others_keys = [key for key in tensors.keys() if key not in _KNOWN and key != "exp_mask"]  # noqa: SIM118
-        per_token = sorted(key for key in others_keys if tensors[key].dim() >= 2
-                           and tensors[key].shape[1] in (response_width, prompt_width + response_width))
-        if per_token:
-            raise ValueError(f"cannot add rows for earlier samples: the batch has {per_token}, which this trainer does "
-                             "not know how to fill for them (see agentevolver/verl/sample_rows.py)")
-        per_row = {key: tensors[key][torch.as_tensor(parents)] for key in others_keys}  # e.g. verl's dummy_tensor
-        prompts, prompt_mask = _left_pad([s["prompt_ids"] for s in samples], prompt_width, pad_token_id)
-        responses = _right_pad([s["response_ids"] for s in samples], response_width, pad_token_id, torch.long)
-        response_attention = _right_pad([[1] * len(s["response_ids"]) for s in samples], response_width, 0,
-                                        torch.long)
-        response_mask = _right_pad([s["response_mask"] for s in samples], response_width, 0, torch.long)
-        response_mask = response_mask * response_attention
-        attention_mask = torch.cat([prompt_mask, response_attention], dim=1)
-        step_ids = _right_pad([s["step_ids"] for s in samples], response_width, -1, torch.long)
-        added: dict[str, torch.Tensor] = {
-            "prompts": prompts,
-            "responses": responses,
-            "response_mask": response_mask.to(tensors["response_mask"].dtype),
-            "input_ids": torch.cat([prompts, responses], dim=1),
-            "attention_mask": attention_mask,
-            "position_ids": torch.clip(torch.cumsum(attention_mask, dim=-1) - 1, min=0),
-        }
-        if tensors["position_ids"].dim() != 2:
-            raise ValueError("earlier samples of multi-modal (3-D position ids) episodes cannot be added as rows")
-        if "rollout_log_probs" in tensors:
-            missing = [i for i, s in enumerate(samples) if s.get("response_logprobs") is None]
-            if missing and bypass:
-                raise ValueError("bypass mode trains against the rollout's log-probs, but an earlier sample has none")
-            added["rollout_log_probs"] = _right_pad(
-                [s.get("response_logprobs") or [0.0] * len(s["response_ids"]) for s in samples], response_width,
-                0.0, tensors["rollout_log_probs"].dtype)
-        mask_f = response_mask.to(torch.float32)
-        scalar = _episode_scalar(tensors["advantages"].to(torch.float32), tensors["response_mask"])
-        step_table = batch.non_tensor_batch.get("step_advantages")
-        advantages = torch.stack([_sample_advantages(parent, step_ids[i], mask_f[i], scalar, step_table)
-                                  for i, parent in enumerate(parents)])
-        added["advantages"] = advantages.to(tensors["advantages"].dtype)
-        policy = mask_f > 0
-        metrics["train/earlier_sample_policy_tokens"] = float(policy.sum())
-        metrics["train/earlier_sample_adv_abs_mean"] = float(advantages[policy].abs().mean()) if policy.any() else 0.0
-        if "returns" in tensors:
-            added["returns"] = added["advantages"].clone().to(tensors["returns"].dtype)
-        added.update(per_row)
-        for key in _ZERO_FILLED:
-            if key in tensors:
-                added[key] = torch.zeros((len(samples), response_width), dtype=tensors[key].dtype)
-        non_tensor = {key: values[parents] for key, values in batch.non_tensor_batch.items()}
-        non_tensor[SAMPLE_ROLE] = np.array(["earlier"] * len(samples), dtype=object)
-        if "exp_mask" in non_tensor:
-            non_tensor["exp_mask"] = np.array([bool(s.get("exp_mask", False)) for s in samples], dtype=object)
-        if "step_ids" in non_tensor:
-            column = np.empty(len(samples), dtype=object)
-            column[:] = [row.numpy().astype(np.int32) for row in step_ids]  # the agent loop's padded rows
-            non_tensor["step_ids"] = column
-        extra = DataProto.from_dict(tensors=added, non_tensors=non_tensor, meta_info=dict(meta))
-        if "old_log_probs" in tensors:
-            if bypass:
-                extra.batch["old_log_probs"] = added["rollout_log_probs"].to(tensors["old_log_probs"].dtype)
-            elif compute_old is None:
-                raise ValueError("the batch has old_log_probs; the trainer must pass compute_old for earlier samples")
-            else:
-                extra.batch["old_log_probs"] = compute_old(extra).to(tensors["old_log_probs"].dtype)
-        if "ref_log_prob" in tensors:
-            if compute_ref is None:
-                raise ValueError("the batch has ref_log_prob; the trainer must pass compute_ref for earlier samples")
-            extra.batch["ref_log_prob"] = compute_ref(extra).to(tensors["ref_log_prob"].dtype)
-        extra.meta_info.pop("global_token_num", None)  # set per call by the trainer's log-prob passes
-        missing = sorted(set(tensors.keys()) - set(extra.batch.keys()) - {"exp_mask"})
-        if missing:
-            raise ValueError(f"earlier-sample rows lack {missing}")
-        batch = DataProto.concat([batch, extra])
+        batch = DataProto.concat([batch, _earlier_rows(batch, parents, samples, pad_token_id, bypass, meta)])
     pad = (-len(batch)) % max(int(rows_per_minibatch), 1)
     if pad:
         padding = batch.select_idxs(np.zeros(pad, dtype=np.int64))
         padding.batch["response_mask"] = torch.zeros_like(padding.batch["response_mask"])
-        padding.batch["advantages"] = torch.zeros_like(padding.batch["advantages"])
         padding.non_tensor_batch[SAMPLE_ROLE] = np.array(["pad"] * pad, dtype=object)
         if "exp_mask" in padding.non_tensor_batch:
             padding.non_tensor_batch["exp_mask"] = np.array([False] * pad, dtype=object)
@@ -237,6 +164,104 @@ def expand_sample_rows(
     if "attention_mask" in batch.batch:
         batch.meta_info["global_token_num"] = torch.sum(batch.batch["attention_mask"], dim=-1).tolist()
     return batch, metrics
+
+
+def _earlier_rows(batch: Any, parents: list[int], samples: list[dict[str, Any]], pad_token_id: int, bypass: bool,
+                  meta: dict[str, Any]) -> Any:
+    """One row per earlier sample, laid out as verl's agent loop lays out an episode's row."""
+    from verl import DataProto
+
+    tensors = batch.batch
+    prompt_width = tensors["prompts"].shape[1]
+    response_width = tensors["responses"].shape[1]
+    others_keys = [key for key in tensors.keys() if key not in _KNOWN and key != "exp_mask"]  # noqa: SIM118
+    per_token = sorted(key for key in others_keys if tensors[key].dim() >= 2
+                       and tensors[key].shape[1] in (response_width, prompt_width + response_width))
+    if per_token:
+        raise ValueError(f"cannot add rows for earlier samples: the batch has {per_token}, which this trainer does "
+                         "not know how to fill for them (see agentevolver/verl/sample_rows.py)")
+    per_row = {key: tensors[key][torch.as_tensor(parents)] for key in others_keys}  # e.g. verl's dummy_tensor
+    prompts, prompt_mask = _left_pad([s["prompt_ids"] for s in samples], prompt_width, pad_token_id)
+    responses = _right_pad([s["response_ids"] for s in samples], response_width, pad_token_id, torch.long)
+    response_attention = _right_pad([[1] * len(s["response_ids"]) for s in samples], response_width, 0, torch.long)
+    response_mask = _right_pad([s["response_mask"] for s in samples], response_width, 0, torch.long)
+    response_mask = response_mask * response_attention
+    attention_mask = torch.cat([prompt_mask, response_attention], dim=1)
+    step_ids = _right_pad([s["step_ids"] for s in samples], response_width, -1, torch.long)
+    added: dict[str, torch.Tensor] = {
+        "prompts": prompts,
+        "responses": responses,
+        "response_mask": response_mask.to(tensors["response_mask"].dtype),
+        "input_ids": torch.cat([prompts, responses], dim=1),
+        "attention_mask": attention_mask,
+        "position_ids": torch.clip(torch.cumsum(attention_mask, dim=-1) - 1, min=0),
+    }
+    if tensors["position_ids"].dim() != 2:
+        raise ValueError("earlier samples of multi-modal (3-D position ids) episodes cannot be added as rows")
+    if "rollout_log_probs" in tensors:
+        missing = [i for i, s in enumerate(samples) if s.get("response_logprobs") is None]
+        if missing and bypass:
+            raise ValueError("bypass mode trains against the rollout's log-probs, but an earlier sample has none")
+        added["rollout_log_probs"] = _right_pad(
+            [s.get("response_logprobs") or [0.0] * len(s["response_ids"]) for s in samples], response_width,
+            0.0, tensors["rollout_log_probs"].dtype)
+    added.update(per_row)
+    for key in _ZERO_FILLED:
+        if key in tensors:
+            added[key] = torch.zeros((len(samples), response_width), dtype=tensors[key].dtype)
+    non_tensor = {key: values[parents] for key, values in batch.non_tensor_batch.items()}
+    non_tensor[SAMPLE_ROLE] = np.array(["earlier"] * len(samples), dtype=object)
+    non_tensor[SAMPLE_PARENT] = np.asarray(parents, dtype=np.int64)
+    if "exp_mask" in non_tensor:
+        non_tensor["exp_mask"] = np.array([bool(s.get("exp_mask", False)) for s in samples], dtype=object)
+    if "step_ids" in non_tensor:
+        column = np.empty(len(samples), dtype=object)
+        column[:] = [row.numpy().astype(np.int32) for row in step_ids]  # the agent loop's padded rows
+        non_tensor["step_ids"] = column
+    missing_keys = sorted(set(tensors.keys()) - set(added.keys()) - {"exp_mask"})
+    if missing_keys:
+        raise ValueError(f"earlier-sample rows lack {missing_keys}")
+    return DataProto.from_dict(tensors=added, non_tensors=non_tensor, meta_info=dict(meta))
+
+
+def episode_rows(rows: Any, episodes: int) -> Any:
+    """The first ``episodes`` rows of ``rows`` (the episodes'): ``rows`` itself when it has no other rows."""
+    return rows if len(rows) == episodes else rows.select_idxs(np.arange(episodes, dtype=np.int64))
+
+
+def spread_advantages(rows: Any, episodes: Any) -> dict[str, float]:
+    """Give every row its episode's advantage, once the advantage stage has computed the episodes' (``episodes``
+    = the first rows of ``rows``, from :func:`episode_rows`): the episode rows take theirs; an earlier sample
+    its episode's (the scalar, or ADCA's step advantages through its own step ids); padding 0."""
+    count = len(episodes)
+    advantages = episodes.batch["advantages"]
+    if rows is episodes:
+        return {}
+    role = rows.non_tensor_batch[SAMPLE_ROLE]
+    parent = np.asarray(rows.non_tensor_batch[SAMPLE_PARENT], dtype=np.int64)
+    mask_f = rows.batch["response_mask"].to(torch.float32)
+    scalar = _episode_scalar(advantages.to(torch.float32), episodes.batch["response_mask"])
+    step_table = episodes.non_tensor_batch.get("step_advantages")
+    step_ids = rows.non_tensor_batch.get("step_ids")
+    no_steps = torch.zeros(mask_f.shape[1], dtype=torch.long)  # read only through an ADCA step table
+    full = torch.zeros_like(mask_f)
+    full[:count] = advantages.to(torch.float32)
+    earlier = np.flatnonzero(role == "earlier")
+    for row in earlier:
+        ids = torch.as_tensor(np.asarray(step_ids[row], dtype=np.int64)) if step_ids is not None else no_steps
+        full[row] = _sample_advantages(int(parent[row]), ids, mask_f[row], scalar, step_table)
+    policy = mask_f[earlier] > 0 if earlier.size else torch.zeros(0, dtype=torch.bool)
+    metrics = {"train/earlier_sample_policy_tokens": float(policy.sum())}
+    metrics["train/earlier_sample_adv_abs_mean"] = float(full[earlier][policy].abs().mean()) if policy.any() else 0.0
+    rows.batch["advantages"] = full.to(advantages.dtype)
+    if "returns" in episodes.batch:
+        rows.batch["returns"] = full.clone().to(episodes.batch["returns"].dtype)
+    for key in ("token_level_scores", "token_level_rewards"):
+        if key in episodes.batch:
+            column = torch.zeros_like(full, dtype=episodes.batch[key].dtype)
+            column[:count] = episodes.batch[key]
+            rows.batch[key] = column
+    return metrics
 
 
 def minibatch_rows(ppo_mini_batch_size: int, rollout_n: int) -> int:

@@ -40,7 +40,6 @@ class TaskRunner(BaseTaskRunner):
 
         import agentevolver.verl.plugin  # noqa: F401 - registrations in this process too
         from agentevolver.config import validate_config
-        from agentevolver.verl import patches as verl_patches
         from agentevolver.verl.custom_reward import check_custom_reward
         from agentevolver.verl.reachability import check_cluster
         from agentevolver.verl.trainer import AgentEvolverTrainer
@@ -70,6 +69,5 @@ class TaskRunner(BaseTaskRunner):
             train_sampler=create_rl_sampler(config.data, train_dataset),
             settings=settings,
         )
-        verl_patches.apply_tracking()  # trainer.logger's `table` and `jsonl` backends
         trainer.init_workers()
         trainer.fit()

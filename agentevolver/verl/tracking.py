@@ -11,8 +11,8 @@ keys), which nobody reads during a run. This module adds two backends for ``trai
   and scripts can read a run that is still going (verl's ``file`` backend truncates its file when a
   resumed run starts; a reader takes the last line of a step).
 
-:class:`RunTracking` is verl's ``Tracking`` with those two names added; :func:`agentevolver.verl.patches.
-apply_tracking` makes ``RayPPOTrainer.fit`` build it. With ``tensorboard`` in ``trainer.logger`` and no
+:class:`RunTracking` is verl's ``Tracking`` with those two names added; the trainer's loop
+(:meth:`agentevolver.verl.trainer.AgentEvolverTrainer.fit`) builds it. With ``tensorboard`` in ``trainer.logger`` and no
 ``TENSORBOARD_DIR`` in the environment, the event files go to ``<run dir>/tensorboard`` (verl's default is
 ``tensorboard_log/`` under the working directory), so one folder holds a run's checkpoints, rollout dumps,
 metrics and TensorBoard logs.

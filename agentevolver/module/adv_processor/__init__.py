@@ -5,7 +5,7 @@ Read top to bottom: :mod:`.judge_prompt` (what the judge sees and how its reply 
 labels from the environment service where it can give them, and the judge's agreement with them),
 :mod:`.adca_grpo` (the maths: process and outcome rewards z-scored apart, fused with alpha, suffix-summed,
 broadcast to tokens),
-:mod:`.stage` (the trainer's advantage stage). :mod:`.naive` is the same maths as a per-sample loop, kept
+:mod:`.stage` (the trainer's ``judge`` stage and the ADCA part of its ``adv`` stage). :mod:`.naive` is the same maths as a per-sample loop, kept
 as the tests' oracle and the benchmark's baseline. The maths in full: docs/adca.md.
 """
 
@@ -30,9 +30,10 @@ from agentevolver.module.adv_processor.judge_prompt import (
     parse_step_judgments,
     transcript_from_record,
 )
-from agentevolver.module.adv_processor.stage import AdcaStage
+from agentevolver.module.adv_processor.stage import ADCA_ESTIMATOR, AdcaStage, StepLabels
 
 __all__ = [
+    "ADCA_ESTIMATOR",
     "AdcaAdvantages",
     "AdcaHyper",
     "AdcaStage",
@@ -41,6 +42,7 @@ __all__ = [
     "JudgeInput",
     "JudgeParseError",
     "StepFlagsResult",
+    "StepLabels",
     "Transcript",
     "agreement_metrics",
     "build_judge_messages",

@@ -197,6 +197,17 @@ def outcome_scores(batch: Any) -> torch.Tensor:
     return batch.batch["token_level_rewards"].sum(dim=-1)
 
 
+def grpo_outcome_scalar(batch: Any, *, norm_adv_by_std: bool = True, epsilon: float = EPSILON) -> torch.Tensor:
+    """(B,) each sample's GRPO advantage before any is computed: its outcome normalised within its group
+    (``uid``), as verl's GRPO does (step 3 of the module docstring). The judge's skip rule reads it."""
+    uid = batch.non_tensor_batch["uid"]
+    score = outcome_scores(batch).to(torch.float32)
+    index = group_index(uid, device=score.device)
+    mean, std = group_mean_std(score, index)
+    out = score - mean[index]
+    return out / (std[index] + epsilon) if norm_adv_by_std else out
+
+
 def pack_step_flags(
     step_flags: Sequence[Sequence[bool] | None], steps: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:

@@ -1,8 +1,10 @@
 """The trainer's advantage stage for Self-Attributing: label steps, then overwrite GRPO's advantages.
 
-The trainer calls :meth:`AdcaStage.apply` once per training step, after the rewards and verl's GRPO
-advantages and before the actor update (``AgentEvolverTrainer._update_actor``). When
-``attribution_driven_credit_assignment.enable`` is true and the step is within ``adca_grpo.prm_steps``, it
+The trainer's step runs it as two stages (``agentevolver.verl.trainer``): ``judge`` (:meth:`AdcaStage.label`)
+right before ``adv``, whose ADCA part is :meth:`AdcaStage.advantages`, on top of the GRPO advantages verl's
+estimator ``adca_grpo`` computes. When ADCA is on (``algorithm.adv_estimator=adca_grpo``; the old switch
+``attribution_driven_credit_assignment.enable=true`` with ``grpo`` still works) and the step is within
+``adca_grpo.prm_steps``, it
 
 1. builds one judge input per sample (step count from the step ids, outcome = summed
    ``token_level_rewards``, GRPO advantage, the transcript from ``episode_record``),
@@ -30,6 +32,7 @@ import concurrent.futures
 import logging
 import time
 from collections.abc import Coroutine
+from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 import numpy as np
@@ -44,6 +47,7 @@ from agentevolver.module.adv_processor.adca_grpo import (
     AdcaHyper,
     compute_prm_grpo_advantages,
     cosine_alpha,
+    grpo_outcome_scalar,
     num_steps,
     outcome_scores,
     step_ids_tensor,
@@ -57,16 +61,28 @@ from agentevolver.module.adv_processor.env_labels import (
 from agentevolver.module.adv_processor.judge import JudgeInput, StepFlagsResult, evaluate_step_flags
 from agentevolver.module.adv_processor.judge_prompt import outcome_success, transcript_from_record
 
-__all__ = ["JUDGE_ROLE", "AdcaStage", "episode_records", "judge_inputs"]
+__all__ = ["ADCA_ESTIMATOR", "JUDGE_ROLE", "AdcaStage", "StepLabels", "episode_records", "judge_inputs"]
 
 logger = logging.getLogger(__name__)
 
 #: The LLM role (``llm.roles.<role>``) that labels steps.
 JUDGE_ROLE = "judge"
-#: verl advantage estimators whose advantages are plain GRPO (the fallback and the outcome part).
-_GRPO_ESTIMATORS = {"grpo", "grpo_vectorized"}
+#: The advantage estimator that is ADCA-GRPO (``algorithm.adv_estimator=adca_grpo``, registered in verl by
+#: :mod:`agentevolver.verl.advantage`): the one switch of Self-Attributing.
+ADCA_ESTIMATOR = "adca_grpo"
+#: Estimators whose advantages are plain GRPO (the fallback and the outcome part).
+_GRPO_ESTIMATORS = {"grpo", "grpo_vectorized", ADCA_ESTIMATOR}
 
 T = TypeVar("T")
+
+
+@dataclass
+class StepLabels:
+    """The judge stage's output: per sample a list of step flags (True = GOOD), None where the sample keeps
+    its GRPO advantage; and the ``adca/*`` numbers of getting them."""
+
+    flags: list[list[bool] | None]
+    metrics: dict[str, float] = field(default_factory=dict)
 
 
 class AdcaStage:
@@ -81,19 +97,19 @@ class AdcaStage:
                  env_client: EnvClient | None = None, settings: Any = None):
         settings = settings if settings is not None else validate_config(config)
         section = settings.attribution_driven_credit_assignment
-        self.enabled = section.enable
+        algorithm = config.get("algorithm") or {}
+        estimator = str(algorithm.get("adv_estimator", "grpo"))
+        # The switch is the estimator; the old one (enable=true with plain GRPO) still works (main_ppo says so).
+        self.enabled = estimator == ADCA_ESTIMATOR or section.enable
         self.judge_settings = section.judge
         self.grpo = section.adca_grpo
         self.decay_steps = self.grpo.total_steps or max(int(total_training_steps), 1)
-        algorithm = config.get("algorithm") or {}
         self.norm_adv_by_std = bool(algorithm.get("norm_adv_by_std_in_grpo", True))
-        if self.enabled:
-            estimator = str(algorithm.get("adv_estimator", "grpo"))
-            if estimator not in _GRPO_ESTIMATORS:
-                raise ConfigError(
-                    f"attribution_driven_credit_assignment.enable=true needs algorithm.adv_estimator=grpo (its "
-                    f"advantages are ADCA's outcome part and fallback); got {estimator!r}: set "
-                    "algorithm.adv_estimator=grpo or disable ADCA")
+        if self.enabled and estimator not in _GRPO_ESTIMATORS:
+            raise ConfigError(
+                f"attribution_driven_credit_assignment.enable=true needs GRPO advantages (ADCA's outcome part and "
+                f"fallback); got algorithm.adv_estimator={estimator!r}: set algorithm.adv_estimator={ADCA_ESTIMATOR} "
+                "(ADCA-GRPO; the one switch) or disable ADCA")
         self._client = judge_client
         self._owns_client = judge_client is None
         self._llm = settings.llm
@@ -133,12 +149,16 @@ class AdcaStage:
         return self._client
 
     # ------------------------------------------------------------------ the stage
-    def apply(self, batch: Any, step: int) -> dict[str, float]:
-        """Overwrite ``batch``'s advantages with ADCA-GRPO's when active; returns ``adca/*`` metrics."""
+    def label(self, batch: Any, step: int) -> StepLabels | None:
+        """The ``judge`` stage: every sample's step labels when active (None otherwise; no judge is called).
+
+        Runs before the advantage stage, so the GRPO advantage that the skip rule reads is computed here from
+        the outcomes and groups (:func:`~.adca_grpo.grpo_outcome_scalar`) when the batch has none yet.
+        """
         if not self.active(step):
-            return {"adca/active": 0.0} if self.enabled else {}
+            return None
         started = time.perf_counter()
-        inputs = judge_inputs(batch, self.judge_settings.max_message_chars)
+        inputs = judge_inputs(batch, self.judge_settings.max_message_chars, norm_adv_by_std=self.norm_adv_by_std)
         records = episode_records(batch)
         if self.source == "env":
             from_env = self._env_labels(inputs, records)
@@ -149,6 +169,14 @@ class AdcaStage:
                 small_adv_threshold=self.grpo.skip_small_adv_threshold,
                 parse_retries=self.judge_settings.parse_retries))
             flags, label_metrics = labels.flags, {**labels.metrics(), **self._agreement(labels, inputs, records)}
+        return StepLabels(flags=flags, metrics={**label_metrics, "adca/time_s": time.perf_counter() - started})
+
+    def advantages(self, batch: Any, labels: StepLabels | None, step: int) -> dict[str, float]:
+        """The ADCA part of the advantage stage: overwrite ``batch``'s GRPO advantages (the outcome part and
+        the fallback of unlabelled samples) with ADCA-GRPO's from ``labels``; returns ``adca/*`` metrics."""
+        if labels is None:
+            return {"adca/active": 0.0} if self.enabled else {}
+        flags = labels.flags
         hyper = self.hyper(step)
         result = compute_prm_grpo_advantages(batch, flags, hyper)
         old = batch.batch.get("advantages", None)
@@ -156,20 +184,22 @@ class AdcaStage:
         batch.batch["advantages"] = advantages
         if "returns" in batch.batch:
             batch.batch["returns"] = advantages.clone()
-        stored = np.empty(len(inputs), dtype=object)
+        stored = np.empty(len(flags), dtype=object)
         stored[:] = [list(sample) if sample is not None else None for sample in flags]
         batch.non_tensor_batch["step_flags"] = stored
         # Each labelled episode's per-step advantages, so its earlier samples (multi-sample context managers)
         # get the same step credit through their own step ids (agentevolver.verl.sample_rows).
         steps = num_steps(step_ids_tensor(batch)).tolist()
         table = result.step_advantages.to(torch.float32)
-        per_step = np.empty(len(inputs), dtype=object)
+        per_step = np.empty(len(flags), dtype=object)
         per_step[:] = [table[i, : steps[i]].tolist() if bool(result.labelled[i]) else None
-                       for i in range(len(inputs))]
+                       for i in range(len(flags))]
         batch.non_tensor_batch["step_advantages"] = per_step
-        metrics = {"adca/active": 1.0, "adca/alpha": hyper.alpha, **label_metrics, **result.metrics,
-                   "adca/time_s": time.perf_counter() - started}
-        return metrics
+        return {"adca/active": 1.0, "adca/alpha": hyper.alpha, **labels.metrics, **result.metrics}
+
+    def apply(self, batch: Any, step: int) -> dict[str, float]:
+        """:meth:`label` then :meth:`advantages` on a batch that already has GRPO advantages (one call)."""
+        return self.advantages(batch, self.label(batch, step), step)
 
     def _offered(self, records: list[dict[str, Any] | None], *, warn: bool) -> dict[str, bool | None]:
         """Which of the batch's environments offer step labels; ``warn`` about those that do not."""
@@ -218,13 +248,16 @@ def episode_records(batch: Any) -> list[dict[str, Any] | None]:
     return [record if isinstance(record, dict) else None for record in records]
 
 
-def judge_inputs(batch: Any, max_message_chars: int) -> list[JudgeInput]:
-    """One :class:`JudgeInput` per sample of a verl ``DataProto`` (see the module docstring)."""
+def judge_inputs(batch: Any, max_message_chars: int, *, norm_adv_by_std: bool = True) -> list[JudgeInput]:
+    """One :class:`JudgeInput` per sample of a verl ``DataProto`` (see the module docstring). The GRPO
+    advantage is read from the batch's ``advantages`` when it has them, else computed from the outcomes."""
     steps = num_steps(step_ids_tensor(batch)).tolist()
     outcomes = outcome_scores(batch).tolist()
     if "advantages" in batch.batch:
         mask = batch.batch["response_mask"].to(torch.float32)
         grpo = ((batch.batch["advantages"].to(torch.float32) * mask).sum(-1) / mask.sum(-1).clamp_min(1)).tolist()
+    elif "uid" in batch.non_tensor_batch:
+        grpo = grpo_outcome_scalar(batch, norm_adv_by_std=norm_adv_by_std).tolist()
     else:
         grpo = [0.0] * len(steps)
     records = batch.non_tensor_batch.get("episode_record")

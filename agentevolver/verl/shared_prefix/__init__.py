@@ -8,6 +8,7 @@
 
 from agentevolver.verl.shared_prefix.layout import (
     SUPPORTED_ATTENTION,
+    SWITCH,
     SharedPrefixPlan,
     check_attention,
     model_inputs,
@@ -21,6 +22,7 @@ from agentevolver.verl.shared_prefix.layout import (
 
 __all__ = [
     "SUPPORTED_ATTENTION",
+    "SWITCH",
     "SharedPrefixPlan",
     "check_attention",
     "model_inputs",

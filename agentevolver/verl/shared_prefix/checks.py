@@ -14,13 +14,13 @@ from typing import Any
 from omegaconf import OmegaConf
 
 from agentevolver.errors import ConfigError
-from agentevolver.verl.shared_prefix.layout import SUPPORTED_ATTENTION
+from agentevolver.verl.shared_prefix.layout import SUPPORTED_ATTENTION, SWITCH
 
 __all__ = ["check_shared_prompts", "shared_prompt_warnings"]
 
 logger = logging.getLogger(__name__)
 
-_SWITCH = "actor_rollout_ref.actor.use_prefix_grouper"
+_SWITCH = f"actor_rollout_ref.actor.{SWITCH}"
 
 
 def _get(config: Any, dotted: str, default: Any = None) -> Any:

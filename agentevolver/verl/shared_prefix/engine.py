@@ -32,6 +32,7 @@ from torch.distributed.tensor import DTensor
 from verl.utils import tensordict_utils as tu
 
 from agentevolver.verl.shared_prefix.layout import (
+    SWITCH,
     SharedPrefixPlan,
     check_attention,
     model_inputs,
@@ -43,9 +44,6 @@ __all__ = ["SWITCH", "TOKEN_SHARE", "SharedPromptMixin", "engine_class", "sharin
 
 logger = logging.getLogger(__name__)
 
-#: Non-tensor key of a micro-batch (from the batch's ``meta_info``) that turns the shared forward on; named
-#: after verl's actor config key that means the same.
-SWITCH = "use_prefix_grouper"
 #: Micro-batch options the grouped rows cannot serve; any of them set keeps verl's own forward.
 _UNSUPPORTED_OPTIONS = ("use_fused_kernels", "distillation_use_topk", "distillation_only", "calculate_sum_pi_squared")
 _PLAN = "shared_prompt_plan"

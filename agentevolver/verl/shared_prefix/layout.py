@@ -38,6 +38,7 @@ import torch
 
 __all__ = [
     "SUPPORTED_ATTENTION",
+    "SWITCH",
     "SharedPrefixPlan",
     "check_attention",
     "model_inputs",
@@ -50,6 +51,10 @@ __all__ = [
 ]
 
 #: Attention implementations that accept an explicit 4-D mask (transformers passes it through unchanged).
+#: The switch of shared prompts, named after verl's actor config key ``actor_rollout_ref.actor.use_prefix_grouper``
+#: (which verl's batch balancing reads too); the trainer puts the same name in a pass's ``meta_info``, which
+#: reaches the engine as a micro-batch key.
+SWITCH = "use_prefix_grouper"
 SUPPORTED_ATTENTION = ("sdpa", "eager")
 
 
