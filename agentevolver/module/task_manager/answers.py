@@ -17,9 +17,10 @@ import math
 import re
 from dataclasses import dataclass
 
+from agentevolver.text_numbers import read_numbers
+
 __all__ = ["AnswerMatch", "final_answer", "match_answer"]
 
-_NUMBER = re.compile(r"[-+]?(?:\d+(?:,\d{3})*(?:\.\d+)?(?:[eE][-+]?\d+)?|\.\d+)")
 _LEAD = re.compile(r"^\s*(?:is\b)?\s*[:=]?\s*(?:is\b)?[\s*$]*", re.IGNORECASE)
 
 
@@ -45,19 +46,15 @@ def match_answer(given: str | None, reference: str, *, rel_tol: float = 1e-6, ab
     """Compare the agent's answer with the reference: numerically when the reference is one number."""
     if given is None:
         return AnswerMatch(False, "no final answer")
-    wanted = _numbers(reference)
+    wanted = read_numbers(reference)
     if len(wanted) == 1:
-        got = _numbers(given)
+        got = read_numbers(given)
         if not got:
             return AnswerMatch(False, f"answer {given[:40]!r} holds no number (reference {reference})")
         ok = math.isclose(got[0], wanted[0], rel_tol=rel_tol, abs_tol=abs_tol)
         return AnswerMatch(ok, f"answer {got[0]:.12g} {'matches' if ok else 'differs from'} reference {wanted[0]:.12g}")
     ok = _plain(given) == _plain(reference)
     return AnswerMatch(ok, f"answer {given[:40]!r} {'matches' if ok else 'differs from'} reference {reference[:40]!r}")
-
-
-def _numbers(text: str) -> list[float]:
-    return [float(m.replace(",", "")) for m in _NUMBER.findall(text)]
 
 
 def _plain(text: str) -> str:

@@ -40,6 +40,7 @@ from agentevolver.module.task_manager.profile import AnswerProof, CallRendering,
 from agentevolver.module.task_manager.proof import Observation, observations
 from agentevolver.module.task_manager.summarizer import SummaryOutcome, add_objectives
 from agentevolver.schema import Task, Trajectory
+from agentevolver.text_numbers import one_number
 
 __all__ = ["EnvWriter", "RenderedTask", "Rendering", "format_expression", "render_tasks"]
 
@@ -47,7 +48,6 @@ __all__ = ["EnvWriter", "RenderedTask", "Rendering", "format_expression", "rende
 RENDER_COUNTS = ("calls_seen", "calls_failed", "calls_not_rendered", "calls_merged", "seed_copies", "over_limit",
                  "tasks_rendered")
 
-_ONE_NUMBER = re.compile(r"\s*[-+]?(?:\d+(?:,\d{3})*(?:\.\d+)?(?:[eE][-+]?\d+)?|\.\d+)\s*")
 _TOKEN = re.compile(r"\d+(?:\.\d+)?(?:[eE][-+]?\d+)?|\.\d+|\*\*|[-+*/^×÷·−]|[()]|[^\s\d()]+")
 _BINARY = {"+", "-", "*", "/", "**", "^", "×", "÷", "·", "−"}
 
@@ -126,7 +126,7 @@ def render_tasks(record: Sequence[Observation], spec: EnvWriterSpec, rules: Answ
         if limit is not None and len(rendering.tasks) >= limit:
             rendering.counts["over_limit"] += 1
             continue
-        answer = _ONE_NUMBER.fullmatch(result).group(0).strip() if rules.kind == "number" else result  # type: ignore[union-attr]
+        answer = one_number(result) if rules.kind == "number" else result
         rendering.tasks.append(RenderedTask(query=query, answer=answer, evidence=f"{obs.call} -> {result}",
                                             call=obs.call))
     rendering.counts["tasks_rendered"] = len(rendering.tasks)
@@ -169,7 +169,7 @@ class EnvWriter:
 def _succeeded(result: str, failures: tuple[str, ...], rules: AnswerProof) -> bool:
     if not result or result.casefold().startswith(failures):
         return False
-    return rules.kind != "number" or _ONE_NUMBER.fullmatch(result) is not None
+    return rules.kind != "number" or one_number(result) is not None
 
 
 def _argument_values(arguments: Any, how: CallRendering) -> dict[str, str] | None:

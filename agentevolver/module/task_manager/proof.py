@@ -28,22 +28,19 @@ from __future__ import annotations
 
 import json
 import math
-import re
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from agentevolver.module.task_manager.profile import AnswerProof
 from agentevolver.schema import ChatMessage, Trajectory
+from agentevolver.text_numbers import read_numbers
 
 __all__ = ["REJECTION_REASONS", "Observation", "Proof", "observations", "prove"]
 
 #: Every reason code :func:`prove` gives for an unproved answer.
 REJECTION_REASONS = ("answer_not_one_number", "answer_in_query", "answer_not_observed", "inputs_not_in_query",
                      "query_numbers_unused")
-
-_NUMBER = re.compile(r"\d+(?:,\d{3})*(?:\.\d+)?(?:[eE][-+]?\d+)?|\.\d+")
-_SIGNED = re.compile(r"[-+]?(?:\d+(?:,\d{3})*(?:\.\d+)?(?:[eE][-+]?\d+)?|\.\d+)")
 
 
 @dataclass(frozen=True)
@@ -92,20 +89,20 @@ def prove(query: str, answer: str, record: Sequence[Observation], rules: AnswerP
     """Check one task's ``answer`` against the exploration's ``record`` (see the module docstring)."""
     if rules.kind == "text":
         return _prove_text(query, answer, record)
-    found = _signed_numbers(answer)
+    found = read_numbers(answer)
     if len(found) != 1:
         return Proof(False, "answer_not_one_number", f"the answer {answer!r} holds {len(found)} numbers, not one")
     value = found[0]
     close = _closeness(rules)
-    if any(close(value, n) for n in _numbers(query)):
+    if any(close(value, n) for n in read_numbers(query, signed=False)):
         return Proof(False, "answer_in_query", f"the query already states {_fmt(value)}")
     results = [obs for obs in record if obs.call is not None]
-    matches = [obs for obs in results if any(close(value, n) for n in _signed_numbers(obs.text))]
+    matches = [obs for obs in results if any(close(value, n) for n in read_numbers(obs.text))]
     if not matches:
         return Proof(False, "answer_not_observed", f"no tool result of the exploration equals {_fmt(value)}")
     if not rules.inputs_in_query:
         return Proof(True, observation=matches[0].text, call=matches[0].call)
-    stated = _numbers(query)
+    stated = read_numbers(query, signed=False)
     derived = [(obs, chain) for obs in matches
                if (chain := _derivation(results.index(obs), results, stated, close, set())) is not None]
     if not derived:
@@ -136,7 +133,7 @@ def _derivation(index: int, results: Sequence[Observation], stated: Sequence[flo
         if any(close(x, n) for n in stated):
             continue
         for earlier in range(index - 1, -1, -1):
-            if any(close(x, abs(v)) for v in _signed_numbers(results[earlier].text)):
+            if any(close(x, abs(v)) for v in read_numbers(results[earlier].text)):
                 sub = _derivation(earlier, results, stated, close, visiting)
                 if sub is not None:
                     chain += [step for step in sub if step not in chain]
@@ -184,22 +181,13 @@ def _walk_numbers(value: Any) -> Iterator[float]:
     if isinstance(value, int | float):
         yield abs(float(value))
     elif isinstance(value, str):
-        yield from _numbers(value)
+        yield from read_numbers(value, signed=False)  # operands: "17 - 5" gives 17 and 5
     elif isinstance(value, dict):
         for item in value.values():
             yield from _walk_numbers(item)
     elif isinstance(value, list):
         for item in value:
             yield from _walk_numbers(item)
-
-
-def _numbers(text: str) -> list[float]:
-    """Unsigned numbers in ``text`` ("17 - 5" holds 17 and 5, not -5)."""
-    return [float(m.replace(",", "")) for m in _NUMBER.findall(text)]
-
-
-def _signed_numbers(text: str) -> list[float]:
-    return [float(m.replace(",", "")) for m in _SIGNED.findall(text)]
 
 
 def _closeness(rules: AnswerProof) -> Any:
