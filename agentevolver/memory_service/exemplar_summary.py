@@ -22,7 +22,7 @@ import logging
 from collections import defaultdict
 from dataclasses import dataclass
 
-from agentevolver.memory_service.embedding import Embedder
+from agentevolver.embedders import Embedder
 from agentevolver.memory_service.exemplar import episode_messages, render_exemplar
 from agentevolver.memory_service.settings import SummarySettings
 from agentevolver.memory_service.store import VectorStore

@@ -21,9 +21,9 @@ from collections import OrderedDict
 import numpy as np
 
 from agentevolver.client.llm_client import LLMClient
+from agentevolver.embedders import Embedder
 from agentevolver.errors import LLMError
 from agentevolver.memory_service import prompts
-from agentevolver.memory_service.embedding import Embedder
 from agentevolver.memory_service.errors import BadRequest, LLMFailed, LLMNotConfigured
 from agentevolver.memory_service.exemplar import format_exemplars
 from agentevolver.memory_service.settings import RetrieveSettings

@@ -12,7 +12,7 @@ from collections.abc import Iterable, Iterator
 from typing import Any
 
 from agentevolver.client.llm_client import LLMClient, LLMClients
-from agentevolver.memory_service.embedding import Embedder, build_embedder
+from agentevolver.embedders import Embedder, build_embedder
 from agentevolver.memory_service.errors import BadRequest, FileProblem, UnknownWorkspace
 from agentevolver.memory_service.jsonl_io import dump_path, parse_jsonl, resolve_io_dir, to_jsonl_lines
 from agentevolver.memory_service.retriever import Retriever
@@ -54,7 +54,7 @@ class MemoryService:
 
     @classmethod
     def open(cls, settings: MemoryServiceSettings) -> MemoryService:
-        embedder = build_embedder(settings.embedding)
+        embedder = build_embedder(settings.embedding.backend, settings.embedding, field="embedding.backend")
         store = open_store(settings.store, settings.data_dir, embedder.identity, embedder.dim)
         clients = LLMClients(settings.llm) if settings.llm is not None else None
         return cls(settings, embedder, store, clients)

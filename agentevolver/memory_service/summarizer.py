@@ -33,9 +33,9 @@ import numpy as np
 
 from agentevolver.client.llm_client import LLMClient
 from agentevolver.client.structured_output import ReplySchema
+from agentevolver.embedders import Embedder
 from agentevolver.errors import LLMError
 from agentevolver.memory_service import prompts
-from agentevolver.memory_service.embedding import Embedder
 from agentevolver.memory_service.errors import LLMFailed, LLMNotConfigured
 from agentevolver.memory_service.exemplar_summary import ExemplarSummarizer
 from agentevolver.memory_service.settings import SummarySettings

@@ -14,7 +14,6 @@ from ``llm.roles``. See docs/task_manager.md.
 """
 
 from agentevolver.module.task_manager.deps import TaskManagerDeps
-from agentevolver.module.task_manager.embedding import EMBEDDERS, Embedder
 from agentevolver.module.task_manager.exploration import EXPLORATION_STRATEGIES, ExplorationStrategy
 from agentevolver.module.task_manager.filters import (
     POST_FILTERS,
@@ -35,13 +34,11 @@ from agentevolver.module.task_manager.store import (
 )
 
 __all__ = [
-    "EMBEDDERS",
     "EXPLORATION_STRATEGIES",
     "GRADERS",
     "MIXTURES",
     "POST_FILTERS",
     "REALTIME_FILTERS",
-    "Embedder",
     "EnvProfile",
     "ExplorationStrategy",
     "GenerationReport",

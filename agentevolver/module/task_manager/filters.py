@@ -21,8 +21,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from agentevolver.client.structured_output import reply_schema
+from agentevolver.embedders import Embedder, EmbeddingSettings, build_embedder, normalize_text
 from agentevolver.module.task_manager.deps import ROLE_FILTER, TaskManagerDeps
-from agentevolver.module.task_manager.embedding import EMBEDDERS, Embedder, normalize_text
 from agentevolver.module.task_manager.parsing import FeasibilityReply, ask_parsed, extract_json
 from agentevolver.module.task_manager.prompts import (
     DEMO_FILTER,
@@ -44,6 +44,8 @@ REALTIME_FILTERS: Registry[Callable[..., RealtimeFilter]] = Registry(
 POST_FILTERS: Registry[Callable[..., PostFilter]] = Registry("post filter", "task_manager.post_filters")
 
 _NUMBER = re.compile(r"-?\d+(?:\.\d+)?")
+#: The dedup embedder runs inside the trainer's process: torch's thread count is the trainer's to set.
+_IN_PROCESS = EmbeddingSettings(threads=None)
 
 
 @dataclass(frozen=True)
@@ -78,7 +80,8 @@ class DedupFilter(RealtimeFilter):
     def __init__(self, deps: TaskManagerDeps) -> None:
         super().__init__(deps)
         self.threshold = deps.section.dedup.threshold
-        self.embedder: Embedder = EMBEDDERS.create(deps.section.dedup.embedder)
+        self.embedder: Embedder = build_embedder(deps.section.dedup.embedder, _IN_PROCESS,
+                                                 field="task_manager.dedup.embedder")
 
     def filter(self, candidates: Sequence[TaskObjective], existing: Sequence[TaskObjective]) -> FilterResult:
         result = FilterResult(kept=[])

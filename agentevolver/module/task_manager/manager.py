@@ -27,10 +27,10 @@ from typing import Any
 from agentevolver.client.env_client import EnvClient, EnvClientError
 from agentevolver.client.llm_client import LLMClients
 from agentevolver.config.schema import AgentEvolverSettings
+from agentevolver.embedders import EMBEDDERS
 from agentevolver.errors import ConfigError, LLMError
 from agentevolver.module.task_manager.checkpoint import ExplorationRecord, GenerationCheckpoint, inputs_digest
 from agentevolver.module.task_manager.deps import ROLE_EXPLORER, ROLE_SUMMARIZER, TaskManagerDeps
-from agentevolver.module.task_manager.embedding import EMBEDDERS
 from agentevolver.module.task_manager.env_writer import EnvWriter
 from agentevolver.module.task_manager.exploration import EXPLORATION_STRATEGIES, ExplorationStrategy
 from agentevolver.module.task_manager.filters import (
@@ -318,7 +318,7 @@ def check_names(settings: AgentEvolverSettings) -> None:
         REALTIME_FILTERS.check(name, f"task_manager.realtime_filters[{index}]")
     for index, name in enumerate(section.post_filters):
         POST_FILTERS.check(name, f"task_manager.post_filters[{index}]")
-    EMBEDDERS.check(section.dedup.embedder)
+    EMBEDDERS.check(section.dedup.embedder, "task_manager.dedup.embedder")
     MIXTURES.check(section.mixture.strategy)
     GRADERS.check(section.grader.original_grader, "task_manager.grader.original_grader")
     if section.grader.synthetic_grader != "auto":  # auto: reference or llm, by the profile (deps.synthetic_grader)

@@ -22,7 +22,7 @@ from typing import Annotated, Any, Generic, TypeVar
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from agentevolver.client.structured_output import ReplySchema, reply_schema
-from agentevolver.module.task_manager.embedding import normalize_text
+from agentevolver.embedders import normalize_text
 from agentevolver.module.task_manager.prompts import MASK, RETRY_FEEDBACK
 
 __all__ = ["FeasibilityReply", "GroundedItem", "ParsedReply", "ReplyParseError", "SummaryItem", "aask_parsed",
