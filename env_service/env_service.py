@@ -18,9 +18,10 @@ if __package__ in (None, ""):  # run as a script: make the repository root impor
 
 from pydantic import ValidationError
 
-from env_service.app import ServiceSettings, create_app
+from env_service.app import create_app
 from env_service.errors import EnvServiceError
 from env_service.registry import available_envs, load_envs
+from env_service.settings import ServiceSettings
 
 logger = logging.getLogger("env_service")
 

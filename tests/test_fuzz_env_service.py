@@ -40,8 +40,9 @@ ACTIONS = [
 def app(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
     import envs_for_tests  # noqa: F401 - registers the echo test environment
 
-    from env_service.app import ServiceSettings, create_app
+    from env_service.app import create_app
     from env_service.registry import load_envs
+    from env_service.settings import ServiceSettings
 
     monkeypatch.setenv(TOKEN_ENV, TOKEN)
     settings = ServiceSettings(envs=["calc", "echo"], max_instances=64, auth_token_env=TOKEN_ENV)
