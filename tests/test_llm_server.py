@@ -240,20 +240,20 @@ def test_tool_calls_in_a_reply_become_message_tool_calls() -> None:
     """The reply-shaping step on its own: a random model does not write tool calls on demand."""
     from openai.types import CompletionUsage
 
-    from agentevolver.llm_server.app import _chat_response
     from agentevolver.llm_server.engine import Choice
+    from agentevolver.llm_server.replies import chat_response
     from agentevolver.module.tools.parsing import get_parser
 
     usage = CompletionUsage(prompt_tokens=1, completion_tokens=1, total_tokens=2)
     text = 'Let me add.\n<tool_call>\n{"name": "add", "arguments": {"a": 1, "b": 2}}\n</tool_call>'
-    reply = _chat_response(MODEL, [Choice(text, "stop", 9, None)], usage, get_parser("hermes"), [ADD_TOOL])
+    reply = chat_response(MODEL, [Choice(text, "stop", 9, None)], usage, get_parser("hermes"), [ADD_TOOL])
     choice = reply.choices[0]
     assert choice.finish_reason == "tool_calls"
     assert choice.message.content == "Let me add."
     (call,) = choice.message.tool_calls
     assert call.function.name == "add" and call.function.arguments == '{"a": 1, "b": 2}' and call.id
-    broken = _chat_response(MODEL, [Choice("<tool_call>{oops</tool_call>", "stop", 9, None)], usage,
-                            get_parser("hermes"), [ADD_TOOL])
+    broken = chat_response(MODEL, [Choice("<tool_call>{oops</tool_call>", "stop", 9, None)], usage,
+                           get_parser("hermes"), [ADD_TOOL])
     assert broken.choices[0].message.content == "<tool_call>{oops</tool_call>"  # raw text back, as vLLM does
     assert broken.choices[0].finish_reason == "stop" and not broken.choices[0].message.tool_calls
 
