@@ -8,7 +8,6 @@ import json
 from pathlib import Path
 
 import pytest
-import verl.utils.tracking as verl_tracking
 from rich.console import Console
 
 from agentevolver.config import compose_config
@@ -78,24 +77,24 @@ def test_unknown_logger_is_rejected_before_the_run(tmp_path: Path) -> None:
         prepare_config(cfg)
 
 
-def test_tracking_patch_makes_fit_build_run_tracking(monkeypatch) -> None:
-    monkeypatch.setattr(verl_tracking, "Tracking", verl_tracking.Tracking)  # restored after the test
-    assert not verl_patches.tracking_is_applied()
-    assert verl_patches.apply_tracking() is True
-    assert verl_tracking.Tracking is RunTracking and verl_patches.tracking_is_applied()
-    assert verl_patches.apply_tracking() is False  # idempotent
+def test_the_trainer_seams_guard_names_a_changed_verl_method() -> None:
+    """The training loop builds RunTracking itself (no patch of verl's Tracking); what it relies on in verl's
+    trainer is guarded instead: a seam with other parameters, or a validation that no longer builds its rows
+    through _get_gen_batch, stops the run naming it."""
+    from verl.trainer.ppo.ray_trainer import RayPPOTrainer
 
+    verl_patches.check_trainer_seams(RayPPOTrainer)
 
-def test_tracking_patch_guard_rejects_a_changed_fit() -> None:
-    def fit(self):
-        return "builds its logger some other way"
+    class Changed(RayPPOTrainer):
+        def _update_actor(self, batch, metrics):  # another signature
+            return batch
+
+    with pytest.raises(verl_patches.VerlChangedError, match="_update_actor now takes"):
+        verl_patches.check_trainer_seams(Changed)
+
+    class Validates(RayPPOTrainer):
+        def _validate(self, merged=False):
+            return {}
 
     with pytest.raises(verl_patches.VerlChangedError, match="no longer contains"):
-        verl_patches._check_tracking(verl_tracking.Tracking, fit)
-
-    class Changed:
-        def __init__(self, project_name, experiment_name, backends):
-            pass
-
-    with pytest.raises(verl_patches.VerlChangedError, match="now takes"):
-        verl_patches._check_tracking(Changed, fit)
+        verl_patches.check_trainer_seams(Validates)
