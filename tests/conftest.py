@@ -12,6 +12,22 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 
+#: Memory one xdist worker may need: a training run holds a driver, Ray's processes and five actors (~4 GiB RSS).
+WORKER_MEMORY_GIB = 6
+
+
+def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
+    """``-n auto``: one worker per core, but no more than the memory holds (a 16-core, 32 GiB machine gets 5),
+    so parallel training runs never push the machine into swap. ``PYTEST_XDIST_AUTO_NUM_WORKERS`` overrides."""
+    import psutil
+
+    if os.environ.get("PYTEST_XDIST_AUTO_NUM_WORKERS", "").isdigit():
+        return int(os.environ["PYTEST_XDIST_AUTO_NUM_WORKERS"])
+    cores = psutil.cpu_count(logical=False) or os.cpu_count() or 1
+    by_memory = int(psutil.virtual_memory().total / 2**30 // WORKER_MEMORY_GIB)
+    return max(1, min(cores, by_memory))
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Skip tests marked `gpu` unless CUDA is available (torch is only imported when such tests exist)."""
     gpu_items = [item for item in items if "gpu" in item.keywords]

@@ -41,6 +41,7 @@ from agentevolver.module.adv_processor import (
     transcript_from_record,
 )
 from agentevolver.module.adv_processor.judge_prompt import StepText, clip_text
+from agentevolver.module.adv_processor.stage import judge_inputs
 from agentevolver.module.agent_flow import AgentFlow, AgentFlowConfig, EpisodeSpec
 from agentevolver.module.tools import ToolRegistry
 from agentevolver.verl.agent_loop import to_agent_loop_output
@@ -304,6 +305,26 @@ async def test_stage_rewrites_the_advantages_of_a_real_batch(service: str, scrip
     assert "step_flags" in batch.to_tensordict()
 
 
+async def test_the_judge_stage_runs_before_any_advantage_and_reads_the_same_grpo(
+        service: str, scripted_llm: ScriptedOpenAIServer) -> None:
+    """The trainer's order: ``label`` on the rollout's batch (scores only, no advantages yet), then the
+    advantage stage. The judge sees the GRPO advantage it would have read from the batch, so skip rules
+    decide alike."""
+    batch = await real_batch(service)
+    with_adv = AdcaStage(stage_config(scripted_llm), 10)
+    expected = [item.grpo_advantage for item in judge_inputs(batch, 2000)]
+    for key in ("advantages", "returns", "token_level_rewards"):
+        batch.batch.pop(key)
+    seen = [item.grpo_advantage for item in judge_inputs(batch, 2000)]
+    assert seen == pytest.approx(expected, abs=1e-5)
+    scripted_llm.respond_with(labels)
+    stage = AdcaStage(stage_config(scripted_llm, "algorithm.adv_estimator=adca_grpo"), 10)
+    found = stage.label(batch, step=1)
+    assert found is not None and len(found.flags) == len(batch) and found.metrics["adca/judge/judged"] == 5
+    with_adv.close()
+    stage.close()
+
+
 async def test_stage_outside_prm_steps_or_disabled_calls_no_judge(service: str,
                                                                   scripted_llm: ScriptedOpenAIServer) -> None:
     batch = await real_batch(service)
@@ -327,7 +348,7 @@ def test_stage_alpha_decays_along_the_configured_schedule(scripted_llm: Scripted
 
 
 def test_stage_rejects_a_non_grpo_estimator(scripted_llm: ScriptedOpenAIServer) -> None:
-    with pytest.raises(ConfigError, match=r"algorithm\.adv_estimator=grpo"):
+    with pytest.raises(ConfigError, match=r"set algorithm\.adv_estimator=adca_grpo"):
         AdcaStage(stage_config(scripted_llm, "algorithm.adv_estimator=gae"), 10)
     with pytest.raises(ConfigError, match="allocation_inconsistent_weight"):
         AdcaStage(stage_config(scripted_llm, "attribution_driven_credit_assignment.adca_grpo."

@@ -190,11 +190,14 @@ def num_steps(step_ids: torch.Tensor) -> torch.Tensor:
 
 
 def outcome_scores(batch: Any) -> torch.Tensor:
-    """(B,) each sample's outcome: the sum of its ``token_level_rewards`` (what GRPO normalises)."""
-    if "token_level_rewards" not in batch.batch:
-        raise KeyError("ADCA needs batch.batch['token_level_rewards'] (the trainer sets it after the reward "
-                       "stage); call it after rewards and before the actor update")
-    return batch.batch["token_level_rewards"].sum(dim=-1)
+    """(B,) each sample's outcome: the sum of its ``token_level_rewards`` (what GRPO normalises); before the
+    advantage stage has set them (the judge runs just before it), the sum of the ``token_level_scores``, which
+    they equal unless ``algorithm.use_kl_in_reward`` subtracts a KL penalty."""
+    for key in ("token_level_rewards", "token_level_scores"):
+        if key in batch.batch:
+            return batch.batch[key].sum(dim=-1)
+    raise KeyError("ADCA needs batch.batch['token_level_rewards'] or ['token_level_scores'] (the trainer sets the "
+                   "scores after the rollout); call it after the rollout's rewards and before the actor update")
 
 
 def grpo_outcome_scalar(batch: Any, *, norm_adv_by_std: bool = True, epsilon: float = EPSILON) -> torch.Tensor:
