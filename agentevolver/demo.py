@@ -39,6 +39,7 @@ def run(overrides: list[str], question: str, max_new_tokens: int, console: Conso
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from agentevolver.models import resolve_model_path
+    from agentevolver.module.adv_processor.stage import adca_on
 
     cfg, settings = load_config(overrides)
     table = Table(title="config (validated)", show_header=True)
@@ -51,8 +52,8 @@ def run(overrides: list[str], question: str, max_new_tokens: int, console: Conso
         ("env_service.env_url", settings.env_service.env_url),
         ("task_manager.n (Self-Questioning)", settings.task_manager.n),
         ("exp_manager.train_rollout_mode (Self-Navigating)", settings.exp_manager.train_rollout_mode),
-        ("attribution_driven_credit_assignment.enable (Self-Attributing)",
-         settings.attribution_driven_credit_assignment.enable),
+        ("ADCA on (Self-Attributing: algorithm.adv_estimator=adca_grpo)",
+         adca_on(cfg.algorithm.adv_estimator, settings.attribution_driven_credit_assignment.enable)),
         ("llm.roles.judge", settings.llm.roles["judge"]),
     ]:
         table.add_row(key, str(value))

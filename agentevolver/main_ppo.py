@@ -66,7 +66,7 @@ def _check_stages(cfg: DictConfig, settings: object) -> None:
 
     from verl.trainer.ppo.utils import need_critic
 
-    from agentevolver.verl.trainer import check_stages
+    from agentevolver.verl.step.trainer import check_stages
 
     with warnings.catch_warnings():  # verl warns that GRPO needs no critic; it says so again in the run
         warnings.simplefilter("ignore")
@@ -90,7 +90,8 @@ def _check_loggers(value: object) -> None:
 def check_verl_patches() -> None:
     """Every guard of :mod:`agentevolver.verl.patches`, here on the driver before Ray starts: a verl that no
     longer matches a patch stops the run with the verl version and the patch named."""
-    from agentevolver.verl import cpu_platform, patches
+    from agentevolver.backends.cpu import verl_platform as cpu_platform
+    from agentevolver.verl import patches
 
     try:
         patches.check_all(cpu=cpu_platform.selected())
@@ -102,7 +103,7 @@ def train(cfg: DictConfig) -> None:
     """Run one training job (blocking)."""
     from verl.trainer.main_ppo import run_ppo
 
-    from agentevolver.verl.reachability import pin_to_driver_node
+    from agentevolver.verl.cluster import pin_to_driver_node
     from agentevolver.verl.task_runner import TaskRunner
 
     cfg = prepare_config(cfg)

@@ -19,7 +19,7 @@ SHOWN = [
     f"{P}validation @ step 4: success 80.0%",
     "Training Progress:  50%|█████     | 1/2 [00:21<00:21, 21.99s/it]",
     f"{P}Total training steps: 2",
-    f"{P}WARNING agentevolver.verl.trainer: something a user should see",
+    f"{P}WARNING agentevolver.verl.step.trainer: something a user should see",
     "error: agent_flow.max_steps: must be >= 1",
     f"{P}Traceback (most recent call last):",
     f"{W}RuntimeError: the rollout server died",
@@ -36,7 +36,7 @@ HIDDEN = [
     "Loading weights: 100%|██████████| 20/20 [00:00<00:00, 18758.07it/s]",
     f"{W}LlamaForCausalLM contains 6.59M parameters",
     f"{W}",
-    f"{P}/work/main/agentevolver/verl/trainer.py:88: FutureWarning: Warning: Class "
+    f"{P}/work/main/agentevolver/verl/step/trainer.py:88: FutureWarning: Warning: Class "
     "'verl.trainer.ppo.ray_trainer.RayPPOTrainer' is deprecated.",
     f"{P}test_gen_batch meta info: {{'eos_token_id': 2, 'pad_token_id': 0, 'validate': True, 'global_steps': 4}}",
     f"{P}validation generation end",

@@ -33,7 +33,7 @@ from verl.workers.engine.utils import prepare_micro_batches  # noqa: E402
 from verl.workers.utils.losses import ppo_loss  # noqa: E402
 from verl.workers.utils.padding import left_right_2_no_padding, response_to_nested  # noqa: E402
 
-from agentevolver.verl import exp_loss  # noqa: E402
+from agentevolver.verl.step import exp_loss  # noqa: E402
 
 MODES = ["token-mean", "token-sum", "seq-mean-token-sum", "seq-mean-token-sum-norm", "seq-mean-token-mean"]
 LOW, HIGH, OFF_HIGH, DUAL = 0.2, 0.28, 0.6, 3.0
@@ -429,7 +429,7 @@ def test_the_loss_reaches_the_actor_through_set_loss_fn_without_a_patch() -> Non
         from functools import partial
         import verl.workers.engine_workers as engine_workers
         from verl.workers.utils.losses import ppo_loss
-        from agentevolver.verl.exp_loss import exp_aware_ppo_loss
+        from agentevolver.verl.step.exp_loss import exp_aware_ppo_loss
         assert engine_workers.ppo_loss is ppo_loss, engine_workers.ppo_loss
         assert "set_loss_fn" in vars(engine_workers.ActorRolloutRefWorker)
         assert tuple(inspect.signature(engine_workers.ActorRolloutRefWorker.set_loss_fn).parameters) == (

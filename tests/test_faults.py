@@ -15,7 +15,7 @@ from verl.trainer.ppo.core_algos import compute_grpo_outcome_advantage
 from verl.trainer.ppo.ray_trainer import compute_advantage
 
 from agentevolver.finished_run import checkpoint_step, finished_message
-from agentevolver.verl.faults import TooManyFailures, check_failed_share, exclude_failed, failure_metrics
+from agentevolver.verl.step.faults import TooManyFailures, check_failed_share, exclude_failed, failure_metrics
 
 
 def batch_of(scores: list[float], groups: list[str], failures: list[str], width: int = 3) -> DataProto:

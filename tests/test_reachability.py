@@ -1,4 +1,4 @@
-"""Start-up cluster checks (agentevolver.verl.reachability): every node reaches the services and reads the files.
+"""Start-up cluster checks (agentevolver.verl.cluster): every node reaches the services and reads the files.
 
 With a real local Ray cluster and the real environment service: the per-node Ray task finds the live
 service, names a dead URL with its config key and node, checks the model folder and the shared-run-folder
@@ -23,7 +23,7 @@ from training_fixture import training_command, training_env, training_timeout
 
 from agentevolver.config import load_config
 from agentevolver.models import resolve_model_path
-from agentevolver.verl.reachability import (
+from agentevolver.verl.cluster import (
     ClusterCheckError,
     ClusterReport,
     Endpoint,
@@ -221,7 +221,7 @@ def test_degradable_services_down_on_every_node_are_a_warning(ray_cluster: Any, 
                              "memory.enable_context_generator": True,
                              "attribution_driven_credit_assignment.enable": True,
                              "llm.endpoints.local.base_url": f"{dead_url}/v1"})
-    with caplog.at_level("WARNING", logger="agentevolver.verl.reachability"):
+    with caplog.at_level("WARNING", logger="agentevolver.verl.cluster"):
         report = check_cluster(cfg, attempts=1)
     assert [e.key for e in report.down_everywhere()] == ["memory.base_url", "llm.endpoints.local.base_url"]
     warnings = [r.getMessage() for r in caplog.records]

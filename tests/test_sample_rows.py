@@ -1,4 +1,4 @@
-"""Multi-sample episodes become training rows (agentevolver.verl.sample_rows): layout, advantages, padding,
+"""Multi-sample episodes become training rows (agentevolver.verl.step.sample_rows): layout, advantages, padding,
 the episode rows first, and a gradient through verl's real policy loss on the earlier samples' tokens."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from verl import DataProto
 from verl.trainer.ppo import core_algos
 from verl.workers.config import ActorConfig
 
-from agentevolver.verl.sample_rows import (
+from agentevolver.verl.step.sample_rows import (
     SAMPLE_PARENT,
     SAMPLE_ROLE,
     episode_rows,

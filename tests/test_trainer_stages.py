@@ -20,9 +20,9 @@ from agentevolver.errors import ConfigError
 from agentevolver.main_ppo import prepare_config
 from agentevolver.models import resolve_model_path
 from agentevolver.module.agent_flow import read_rollout_dump
-from agentevolver.verl.episode_metrics import episode_metrics
+from agentevolver.verl.step.episode_metrics import episode_metrics
+from agentevolver.verl.step.trainer import dump_records
 from agentevolver.verl.task_dataset import TaskDataset, tasks_from_env_service
-from agentevolver.verl.trainer import dump_records
 
 
 @pytest.fixture(scope="module")

@@ -21,7 +21,7 @@ from agentevolver.errors import ConfigError
 from agentevolver.experiments.spec import AblationSpec, ResolvedArm
 from agentevolver.launcher.plan import BUILT_IN_SERVICES, build_plan
 from agentevolver.launcher.services import fill_placeholders
-from agentevolver.module.adv_processor.stage import ADCA_ESTIMATOR
+from agentevolver.module.adv_processor.stage import adca_on
 
 __all__ = ["HOLD_TARGET", "AblationPlan", "RunPlan", "compose_runs", "plan_ablation", "run_roles", "service_flags"]
 
@@ -228,7 +228,7 @@ def run_roles(cfg: DictConfig, settings: AgentEvolverSettings) -> dict[str, str]
         roles["synthetic_reward"] = llm("task_grader") if grader == "llm" else \
             f"answer matched to what env {env} proved (code)" if grader == "reference" else f"grader {grader}"
     adca = settings.attribution_driven_credit_assignment
-    if adca.enable or str(cfg.algorithm.adv_estimator) == ADCA_ESTIMATOR:
+    if adca_on(cfg.algorithm.adv_estimator, adca.enable):
         roles["judge"] = llm("judge") if adca.judge.source == "llm" else f"env {env} (step labels, code)"
     memory, exp = settings.memory, settings.exp_manager
     if memory.enable_summarizer or memory.enable_context_generator or exp.init_exp_before_training:

@@ -10,7 +10,7 @@ which comes from verl's ``uid`` column so the ``rollout.n`` copies of a row form
 optionally ``rollout_id``. The output is the episode's final sample; everything else the trainer needs
 (step_ids, termination, reward parts, exp_mask, metrics, the dump record, and the earlier samples of
 multi-sample context managers, which the trainer turns into rows of their own:
-:mod:`agentevolver.verl.sample_rows`) travels in ``extra_fields``.
+:mod:`agentevolver.verl.step.sample_rows`) travels in ``extra_fields``.
 
 Process-wide objects (the env client's connection pool, the flow with its parsed config, parser, tool
 catalogue, clipper client and cache of environment tool schemas) are cached per worker process, keyed by
@@ -215,7 +215,7 @@ def to_agent_loop_output(result: EpisodeResult, tokenizer: Any, response_length:
     extra = {
         "step_ids": padded_step_ids(step_ids, response_length) if response_length else step_ids,
         "termination": result.termination,
-        # The service that failed ("" for a good episode): kept out of the update (agentevolver.verl.faults).
+        # The service that failed ("" for a good episode): kept out of the update (agentevolver.verl.step.faults).
         "failure": result.failure or "",
         "task_id": result.task_id,
         "group_id": result.group_id,
@@ -224,7 +224,7 @@ def to_agent_loop_output(result: EpisodeResult, tokenizer: Any, response_length:
         "reward_madness": result.reward.madness,
         "exp_mask": bool(sample.exp_mask) if sample is not None else False,
         # Earlier samples of a multi-sample context manager, trained as rows of their own
-        # (agentevolver.verl.sample_rows); [] for a single-sample episode.
+        # (agentevolver.verl.step.sample_rows); [] for a single-sample episode.
         "other_samples": [_sample_fields(other) for other in result.samples[:-1]],
         "episode_metrics": result.metrics,
         "episode_record": record,

@@ -17,7 +17,7 @@ loss, advantage estimator); these three places have no public seam:
    valid backend string for ``cpu`` itself.
 
 2. **Trainer seams** (:func:`check_trainer_seams`; nothing is replaced). The training loop and step are this
-   project's (:mod:`agentevolver.verl.trainer`), built on verl's legacy ``RayPPOTrainer``, whose workers,
+   project's (:mod:`agentevolver.verl.step.trainer`), built on verl's legacy ``RayPPOTrainer``, whose workers,
    checkpoints and validation are reached only through its private methods (``_compute_old_log_prob``,
    ``_update_actor``, ``_save_checkpoint``, ``_validate``, ...: :data:`TRAINER_SEAMS`). The step calls them as
    its own inherited methods, and overrides one, ``_get_gen_batch``, which verl's ``_validate`` calls for every
@@ -29,11 +29,11 @@ loss, advantage estimator); these three places have no public seam:
    after ``verl.workers.rollout.base`` is imported). verl's rollout worker finds its class through
    ``get_rollout_class``, which reads the private dict ``_ROLLOUT_REGISTRY[(name, mode)]``; there is no
    registration call (the replica side has ``RolloutReplicaRegistry``, which we use). One entry,
-   ``("hf", "async")`` -> :class:`agentevolver.verl.cpu_rollout.HFServerAdapter`, is added there.
+   ``("hf", "async")`` -> :class:`agentevolver.backends.cpu.verl_rollout.HFServerAdapter`, is added there.
 
 Not a patch any more: Self-Navigating's ``exp_on_off`` loss needs the batch's ``exp_mask``, which verl's
-``ppo_loss`` does not forward; the trainer hands the actor :func:`agentevolver.verl.exp_loss.exp_aware_ppo_loss`
-through verl's public ``set_loss_fn`` (:meth:`agentevolver.verl.trainer.AgentEvolverTrainer.init_workers`).
+``ppo_loss`` does not forward; the trainer hands the actor :func:`agentevolver.verl.step.exp_loss.exp_aware_ppo_loss`
+through verl's public ``set_loss_fn`` (:meth:`agentevolver.verl.step.trainer.AgentEvolverTrainer.init_workers`).
 
 Each ``apply*`` checks first that verl's code still looks as described (signature and the source it relies
 on) and raises :class:`VerlChangedError` otherwise. :func:`check_all` runs every guard on the driver
@@ -128,7 +128,7 @@ def apply() -> bool:
 
 #: The class whose private methods the step calls, as ``module:attribute``.
 TRAINER_TARGET = "verl.trainer.ppo.ray_trainer:RayPPOTrainer"
-#: The legacy trainer's private methods that :class:`~agentevolver.verl.trainer.AgentEvolverTrainer`'s loop and
+#: The legacy trainer's private methods that :class:`~agentevolver.verl.step.trainer.AgentEvolverTrainer`'s loop and
 #: step call (``_get_gen_batch`` is overridden instead), with the parameters each must still take.
 TRAINER_SEAMS: dict[str, tuple[str, ...]] = {
     "_load_checkpoint": ("self",),
@@ -155,11 +155,11 @@ def check_trainer_seams(trainer_cls: type) -> None:
         method = getattr(trainer_cls, name, None)
         if method is None:
             raise VerlChangedError(f"{TRAINER_TARGET}.{name} is gone; the training step calls it. Re-check "
-                                   "agentevolver/verl/trainer.py and agentevolver/verl/patches.py (seam 2).")
+                                   "agentevolver/verl/step/trainer.py and agentevolver/verl/patches.py (seam 2).")
         parameters = tuple(inspect.signature(method).parameters)
         if parameters != expected:
             raise VerlChangedError(f"{TRAINER_TARGET}.{name} now takes {parameters}; the training step calls it "
-                                   f"as {expected}. Re-check agentevolver/verl/trainer.py (seam 2).")
+                                   f"as {expected}. Re-check agentevolver/verl/step/trainer.py (seam 2).")
     source = _source(trainer_cls._validate, f"{TRAINER_TARGET}._validate")
     missing = [line for line in _VALIDATE_SOURCE if line not in source]
     if missing:
@@ -173,7 +173,7 @@ def check_trainer_seams(trainer_cls: type) -> None:
 ROLLOUT_TARGET = "verl.workers.rollout.base:_ROLLOUT_REGISTRY"
 #: Our entry: verl's rollout worker looks up ``(rollout.name, rollout.mode)`` and imports the dotted path.
 ROLLOUT_KEY = ("hf", "async")
-ROLLOUT_ADAPTER = "agentevolver.verl.cpu_rollout.HFServerAdapter"
+ROLLOUT_ADAPTER = "agentevolver.backends.cpu.verl_rollout.HFServerAdapter"
 #: What ``get_rollout_class`` must still do for an entry of the table to be the class it builds.
 _ROLLOUT_SOURCE = "_ROLLOUT_REGISTRY[(rollout_name, mode)]"
 

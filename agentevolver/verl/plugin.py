@@ -7,15 +7,15 @@ plugin at debug level, so every step here logs its own failure at WARNING and th
 
 It registers:
 
-* the ``cpu`` verl platform (:mod:`agentevolver.verl.cpu_platform`), chosen by ``VERL_PLATFORM=cpu``
+* the ``cpu`` verl platform (:mod:`agentevolver.backends.cpu.verl_platform`), chosen by ``VERL_PLATFORM=cpu``
   or by auto-detection when torch is a CPU-only build;
 * on the ``cpu`` platform only: the process-group backend patch (:mod:`agentevolver.verl.patches`)
-  and verl's FSDP engines for device ``cpu`` (:mod:`agentevolver.verl.cpu_engine`);
-* the rollout ``hf`` (:mod:`agentevolver.verl.cpu_rollout`): its replica in verl's
+  and verl's FSDP engines for device ``cpu`` (:mod:`agentevolver.backends.cpu.verl_engine`);
+* the rollout ``hf`` (:mod:`agentevolver.backends.cpu.verl_rollout`): its replica in verl's
   ``RolloutReplicaRegistry`` and its worker-side adapter in verl's rollout-class table (patch 3);
 * AgentEvolver's agent loop ``agentevolver`` (:mod:`agentevolver.verl.agent_loop`);
 * Self-Navigating's policy loss ``exp_on_off`` in verl's policy-loss registry
-  (:mod:`agentevolver.verl.exp_loss`; the trainer gives the actor the loss function that shows it the
+  (:mod:`agentevolver.verl.step.exp_loss`; the trainer gives the actor the loss function that shows it the
   batch's ``exp_mask`` through verl's ``set_loss_fn``).
 
 Importing verl's engine, rollout or agent-loop modules here, inside ``import verl``, would cost every
@@ -131,13 +131,13 @@ def when_imported(module_name: str, callback: Callable[[ModuleType], None]) -> N
 
 
 def _register_engines(module: ModuleType) -> None:
-    from agentevolver.verl import cpu_engine as engine
+    from agentevolver.backends.cpu import verl_engine as engine
 
     engine.register()
 
 
 def _load_hf_replica() -> type:
-    from agentevolver.verl.cpu_rollout import HFReplica
+    from agentevolver.backends.cpu.verl_rollout import HFReplica
 
     return HFReplica
 
@@ -157,7 +157,7 @@ def _register_agent_loop(module: ModuleType) -> None:
 
 
 def _register_exp_loss(module: ModuleType) -> None:
-    from agentevolver.verl import exp_loss as loss
+    from agentevolver.verl.step import exp_loss as loss
 
     loss.register()
 
@@ -166,7 +166,7 @@ def register_all() -> None:
     """Everything listed in the module docstring; safe to call more than once."""
     cpu = False
     try:
-        from agentevolver.verl import cpu_platform as platform
+        from agentevolver.backends.cpu import verl_platform as platform
 
         platform.register()
         cpu = platform.selected()

@@ -40,9 +40,9 @@ class TaskRunner(BaseTaskRunner):
 
         import agentevolver.verl.plugin  # noqa: F401 - registrations in this process too
         from agentevolver.config import validate_config
+        from agentevolver.verl.cluster import check_cluster
         from agentevolver.verl.custom_reward import check_custom_reward
-        from agentevolver.verl.reachability import check_cluster
-        from agentevolver.verl.trainer import AgentEvolverTrainer
+        from agentevolver.verl.step.trainer import AgentEvolverTrainer
 
         OmegaConf.resolve(config)
         _, worker_group_cls = self.add_actor_rollout_worker(config)

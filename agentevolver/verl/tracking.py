@@ -12,7 +12,7 @@ keys), which nobody reads during a run. This module adds two backends for ``trai
   resumed run starts; a reader takes the last line of a step).
 
 :class:`RunTracking` is verl's ``Tracking`` with those two names added; the trainer's loop
-(:meth:`agentevolver.verl.trainer.AgentEvolverTrainer.fit`) builds it. With ``tensorboard`` in ``trainer.logger`` and no
+(:meth:`agentevolver.verl.step.trainer.AgentEvolverTrainer.fit`) builds it. With ``tensorboard`` in ``trainer.logger`` and no
 ``TENSORBOARD_DIR`` in the environment, the event files go to ``<run dir>/tensorboard`` (verl's default is
 ``tensorboard_log/`` under the working directory), so one folder holds a run's checkpoints, rollout dumps,
 metrics and TensorBoard logs.

@@ -1,5 +1,6 @@
-"""CPU backend: the batched transformers generator (docs/cpu_generator.md), the ``hf`` verl rollout, the
-``cpu`` verl platform and the one patch it needs (docs/backends.md).
+"""CPU backend: the batched transformers generator (docs/cpu_generator.md), and its verl side: the ``hf`` verl
+rollout (:mod:`.verl_rollout`), the ``cpu`` verl platform (:mod:`.verl_platform`) and its FSDP engines
+(:mod:`.verl_engine`) (docs/backends.md).
 
 Attributes are imported on first access (PEP 562): verl's plugin imports submodules of this package inside
 ``import verl`` in every process, and must not pay for the generator's torch/transformers/verl imports there.

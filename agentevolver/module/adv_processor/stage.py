@@ -1,6 +1,6 @@
 """The trainer's advantage stage for Self-Attributing: label steps, then overwrite GRPO's advantages.
 
-The trainer's step runs it as two stages (``agentevolver.verl.trainer``): ``judge`` (:meth:`AdcaStage.label`)
+The trainer's step runs it as two stages (``agentevolver.verl.step.trainer``): ``judge`` (:meth:`AdcaStage.label`)
 right before ``adv``, whose ADCA part is :meth:`AdcaStage.advantages`, on top of the GRPO advantages verl's
 estimator ``adca_grpo`` computes. When ADCA is on (``algorithm.adv_estimator=adca_grpo``; the old switch
 ``attribution_driven_credit_assignment.enable=true`` with ``grpo`` still works) and the step is within
@@ -61,17 +61,23 @@ from agentevolver.module.adv_processor.env_labels import (
 from agentevolver.module.adv_processor.judge import JudgeInput, StepFlagsResult, evaluate_step_flags
 from agentevolver.module.adv_processor.judge_prompt import outcome_success, transcript_from_record
 
-__all__ = ["ADCA_ESTIMATOR", "JUDGE_ROLE", "AdcaStage", "StepLabels", "episode_records", "judge_inputs"]
+__all__ = ["ADCA_ESTIMATOR", "JUDGE_ROLE", "AdcaStage", "StepLabels", "adca_on", "episode_records", "judge_inputs"]
 
 logger = logging.getLogger(__name__)
 
 #: The LLM role (``llm.roles.<role>``) that labels steps.
 JUDGE_ROLE = "judge"
 #: The advantage estimator that is ADCA-GRPO (``algorithm.adv_estimator=adca_grpo``, registered in verl by
-#: :mod:`agentevolver.verl.advantage`): the one switch of Self-Attributing.
+#: :mod:`agentevolver.verl.step.advantage`): the one switch of Self-Attributing.
 ADCA_ESTIMATOR = "adca_grpo"
 #: Estimators whose advantages are plain GRPO (the fallback and the outcome part).
 _GRPO_ESTIMATORS = {"grpo", "grpo_vectorized", ADCA_ESTIMATOR}
+
+
+def adca_on(adv_estimator: object, enable: object) -> bool:
+    """Whether a run uses ADCA: its switch, ``algorithm.adv_estimator=adca_grpo``, or the old one,
+    ``attribution_driven_credit_assignment.enable=true`` (every reader of the switch asks here)."""
+    return str(adv_estimator) == ADCA_ESTIMATOR or bool(enable)
 
 T = TypeVar("T")
 
@@ -100,7 +106,7 @@ class AdcaStage:
         algorithm = config.get("algorithm") or {}
         estimator = str(algorithm.get("adv_estimator", "grpo"))
         # The switch is the estimator; the old one (enable=true with plain GRPO) still works (main_ppo says so).
-        self.enabled = estimator == ADCA_ESTIMATOR or section.enable
+        self.enabled = adca_on(estimator, section.enable)
         self.judge_settings = section.judge
         self.grpo = section.adca_grpo
         self.decay_steps = self.grpo.total_steps or max(int(total_training_steps), 1)
@@ -188,7 +194,7 @@ class AdcaStage:
         stored[:] = [list(sample) if sample is not None else None for sample in flags]
         batch.non_tensor_batch["step_flags"] = stored
         # Each labelled episode's per-step advantages, so its earlier samples (multi-sample context managers)
-        # get the same step credit through their own step ids (agentevolver.verl.sample_rows).
+        # get the same step credit through their own step ids (agentevolver.verl.step.sample_rows).
         steps = num_steps(step_ids_tensor(batch)).tolist()
         table = result.step_advantages.to(torch.float32)
         per_step = np.empty(len(flags), dtype=object)

@@ -79,7 +79,7 @@ class EpisodeResult(BaseModel):
 
         ``env`` - the environment failed (``env_error``, or /evaluate failed); ``rollout`` - anything else
         ended it (``error``: the rollout server, a bug); ``grader`` - the task's grader could not judge it.
-        The trainer keeps such episodes out of the update (:mod:`agentevolver.verl.faults`).
+        The trainer keeps such episodes out of the update (:mod:`agentevolver.verl.step.faults`).
         """
         if self.termination == "env_error" or self.metrics.get("episode/evaluate_errors", 0.0) > 0:
             return "env"

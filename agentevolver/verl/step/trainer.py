@@ -60,20 +60,20 @@ from agentevolver.finished_run import already_trained_message
 from agentevolver.module.adv_processor import AdcaStage
 from agentevolver.module.agent_flow.dump import RolloutDumpWriter
 from agentevolver.module.exp_manager.manager import ExperienceManager
-from agentevolver.verl.advantage import episode_advantages
-from agentevolver.verl.advantage import register as register_adca_estimator
-from agentevolver.verl.episode_metrics import episode_metrics
-from agentevolver.verl.faults import check_failed_share, exclude_failed, failure_metrics
-from agentevolver.verl.rollout_inputs import initial_rollouts, rollout_inputs, task_batch
-from agentevolver.verl.sample_rows import (
+from agentevolver.verl.shared_prefix.checks import check_shared_prompts
+from agentevolver.verl.shared_prefix.layout import SWITCH as SHARED_PROMPTS
+from agentevolver.verl.step.advantage import episode_advantages
+from agentevolver.verl.step.advantage import register as register_adca_estimator
+from agentevolver.verl.step.episode_metrics import episode_metrics
+from agentevolver.verl.step.faults import check_failed_share, exclude_failed, failure_metrics
+from agentevolver.verl.step.rollout_inputs import initial_rollouts, rollout_inputs, task_batch
+from agentevolver.verl.step.sample_rows import (
     episode_rows,
     expand_sample_rows,
     minibatch_rows,
     refusal,
     spread_advantages,
 )
-from agentevolver.verl.shared_prefix.checks import check_shared_prompts
-from agentevolver.verl.shared_prefix.layout import SWITCH as SHARED_PROMPTS
 
 __all__ = ["SHARED_PROMPTS", "AgentEvolverTrainer", "check_stages", "dump_records", "exp_token_mask"]
 
@@ -139,7 +139,7 @@ class AgentEvolverTrainer(RayPPOTrainer):
         policy loss the batch's ``exp_mask`` (equal to verl's own when the batch has none)."""
         from verl.utils.config import omega_conf_to_dataclass
 
-        from agentevolver.verl.exp_loss import exp_aware_ppo_loss
+        from agentevolver.verl.step.exp_loss import exp_aware_ppo_loss
 
         if (self.config.get("distillation") or {}).get("enabled", False):
             return  # verl's distillation loss stays (it does not see exp_mask: exp_on_off acts as vanilla there)

@@ -157,8 +157,11 @@ def _join(base: str, route: str) -> str:
 def _roles_in_use(config: Any) -> list[str]:
     """LLM roles the trainer, task runner or agent-loop workers call with this config (the experience
     summariser is called by the memory service, from its own host)."""
+    from agentevolver.module.adv_processor.stage import adca_on
+
     roles: list[str] = []
-    if _select(config, "attribution_driven_credit_assignment.enable", False) and \
+    if adca_on(_select(config, "algorithm.adv_estimator", "grpo"),
+               _select(config, "attribution_driven_credit_assignment.enable", False)) and \
             _select(config, "attribution_driven_credit_assignment.judge.source", "llm") == "llm":
         roles.append("judge")  # source env: the environment service labels the steps, no LLM is called
     n = int(_select(config, "task_manager.n", 0) or 0)

@@ -9,7 +9,7 @@ comes from the judge's labels, which the ``judge`` stage puts just before this o
 
 :func:`episode_advantages` is the stage: it runs on the episode rows only, so each episode counts once in its
 group even when a multi-sample context manager added rows for its earlier samples; those rows then take their
-episode's advantage (:func:`agentevolver.verl.sample_rows.spread_advantages`).
+episode's advantage (:func:`agentevolver.verl.step.sample_rows.spread_advantages`).
 """
 
 from __future__ import annotations

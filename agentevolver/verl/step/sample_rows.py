@@ -179,7 +179,7 @@ def _earlier_rows(batch: Any, parents: list[int], samples: list[dict[str, Any]],
                        and tensors[key].shape[1] in (response_width, prompt_width + response_width))
     if per_token:
         raise ValueError(f"cannot add rows for earlier samples: the batch has {per_token}, which this trainer does "
-                         "not know how to fill for them (see agentevolver/verl/sample_rows.py)")
+                         "not know how to fill for them (see agentevolver/verl/step/sample_rows.py)")
     per_row = {key: tensors[key][torch.as_tensor(parents)] for key in others_keys}  # e.g. verl's dummy_tensor
     prompts, prompt_mask = _left_pad([s["prompt_ids"] for s in samples], prompt_width, pad_token_id)
     responses = _right_pad([s["response_ids"] for s in samples], response_width, pad_token_id, torch.long)
