@@ -110,6 +110,16 @@ async def test_greedy_alone_matches_transformers_generate(generator: HFGenerator
         assert out.stop_reason == "length"
 
 
+async def test_a_temperature_too_small_to_divide_by_is_greedy(generator: HFGenerator, model: Any,
+                                                              prompts: list[list[int]]) -> None:
+    """vLLM's rule: below 1e-5 the temperature means greedy (dividing by 1e-300 made inf logits, NaN
+    probabilities and a 500 from the LLM server; found by its schema fuzz)."""
+    prompt = prompts[0]
+    out = await generator.generate("tiny-t", prompt_ids=prompt,
+                                   sampling_params={"temperature": 1e-300, "max_tokens": 8, "logprobs": 0})
+    assert out.token_ids == hf_greedy(model, prompt, 8)
+
+
 async def test_greedy_is_batch_invariant(generator: HFGenerator, prompts: list[list[int]]) -> None:
     params = {**GREEDY, "max_tokens": 12}
     alone = [await generator.generate(f"a{i}", prompt_ids=p, sampling_params=params) for i, p in enumerate(prompts)]

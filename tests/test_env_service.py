@@ -50,8 +50,9 @@ def service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningService
 
 @pytest.fixture(scope="module")
 def hang_service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningService]:
-    """A short call timeout, for the tests whose instances hang on purpose."""
-    with env_service("echo,echo_process", "--call-timeout", "3", "--max-instances", "80",
+    """A short call timeout, for the tests whose instances hang on purpose: 10 s, so the create of a process
+    instance (a fresh Python) fits in it even on a loaded machine (3 s did not, with the suite on every core)."""
+    with env_service("echo,echo_process", "--call-timeout", "10", "--max-instances", "80",
                      tmp_path=tmp_path_factory.mktemp("hang")) as running:
         yield running
 

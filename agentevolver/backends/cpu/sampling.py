@@ -27,6 +27,11 @@ KNOWN_KEYS = frozenset(
 )
 
 
+#: Temperatures below this are greedy, as in vLLM (its ``_SAMPLING_EPS``): dividing logits by a temperature of,
+#: say, 1e-300 overflows to inf and the softmax to NaN (a 500 the LLM server's schema fuzz found).
+SAMPLING_EPS = 1e-5
+
+
 @dataclass(frozen=True, slots=True)
 class SamplingSettings:
     """One request's validated sampling settings (defaults are vLLM's)."""
@@ -43,7 +48,7 @@ class SamplingSettings:
 
     @property
     def greedy(self) -> bool:
-        return self.temperature == 0.0
+        return self.temperature < SAMPLING_EPS
 
 
 def parse_sampling_params(

@@ -69,7 +69,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         report, seeds = _generate(args, console)
     except AgentEvolverError as err:
-        console.print(f"[red]error:[/red] {err}", markup=True, highlight=False)
+        # soft_wrap: one line, so a path in the message is never broken where a narrow console would wrap it
+        console.print(f"[red]error:[/red] {err}", markup=True, highlight=False, soft_wrap=True)
         return 2
     wall_s = time.perf_counter() - started
     out = Console()
@@ -102,7 +103,7 @@ def _generate(args: argparse.Namespace, console: Console) -> tuple[GenerationRep
         seeds = seed_tasks(env, settings)
         output = args.output or section.synthetic_tasks_path
         console.print(f"{len(seeds)} seed task(s) of {settings.env_service.env_type!r} x n={section.n} "
-                      f"explorations -> {output}", highlight=False)
+                      f"explorations -> {output}", highlight=False, soft_wrap=True)
         columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                    TextColumn("eta"), TimeRemainingColumn())
         with Progress(*columns, console=console, disable=args.no_progress) as bar:
