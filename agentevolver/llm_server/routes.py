@@ -105,7 +105,10 @@ async def models(state: State) -> dict[str, Any]:
 
 
 @router.post("/v1/chat/completions", response_model=ChatCompletion, responses={
-    200: {"content": {"text/event-stream": {"schema": {"type": "string"}}},
+    # With 'stream: true' each server-sent event is {"event": ..., "data": <a chunk's JSON, or [DONE]>}.
+    200: {"content": {"text/event-stream": {"schema": {
+        "type": "object", "required": ["data"],
+        "properties": {"data": {"type": "string"}, "event": {"type": "string"}, "id": {"type": "string"}}}}},
           "description": "The completion (JSON), or server-sent events with 'stream: true'."},
     **_ERRORS})
 async def chat_completions(body: ChatCompletionRequest, request: Request, state: State) -> Response:
