@@ -199,12 +199,13 @@ class AgentEvolverTrainer(RayPPOTrainer):
     def _train(self, tracking: Any) -> None:
         from verl.utils.skip.skip_manager import SkipManager
 
+        # the epoch a resumed run is in: the steps done so far over the batches per epoch (verl's rule)
+        start_epoch = self.global_steps // max(len(self.train_dataloader), 1)
         progress = tqdm(total=self.total_training_steps, initial=self.global_steps, desc="Training Progress")
         self.global_steps += 1
         SkipManager.set_step(self.global_steps)
         profiled = self.config.global_profiler.steps or []
         continuous = bool(self.config.global_profiler.profile_continuous_steps)
-        start_epoch = self.global_steps // max(len(self.train_dataloader), 1)
         for epoch in range(start_epoch, self.config.trainer.total_epochs):
             for rows in self.train_dataloader:
                 step = self.global_steps
