@@ -187,9 +187,10 @@ class _Launch:
         state = self.supervision[svc.name]
         now = time.monotonic()
         if state.recovering_since is not None and probe(self.client, svc.health_url) is None:
-            self.say(f"service {svc.name!r} is healthy again after {now - state.recovering_since:.1f} s "
-                     f"({svc.health_url})")
+            took = now - state.recovering_since
+            self.say(f"service {svc.name!r} is healthy again after {took:.1f} s ({svc.health_url})")
             state.recovering_since = None
+            self.record_recovery(svc, took)
         if unit.process.poll() is None or state.gave_up:
             return
         if state.restart_at is None:
@@ -226,6 +227,15 @@ class _Launch:
         self.services[index] = (svc, new)
         self.say(f"started {svc.name!r} again (pid {new.pid}); waiting for {svc.health_url}")
         self.record_restart(svc, unit, status, restarted=True, pid=new.pid)
+
+    def record_recovery(self, svc: ServicePlan, took_s: float) -> None:
+        """The service's last restart answered its health URL ``took_s`` after it was started: noted on that
+        restart's line of ``launch.json`` as ``healthy_after_s`` (absent while it has not answered yet)."""
+        for row in reversed(self.restarts):
+            if row["service"] == svc.name:
+                row["healthy_after_s"] = round(took_s, 1)
+                break
+        self.record.update(restarts=self.restarts)
 
     def record_restart(self, svc: ServicePlan, unit: Unit, status: int, *, restarted: bool,
                        pid: int | None = None) -> None:
