@@ -235,7 +235,7 @@ def spread_advantages(rows: Any, episodes: Any) -> dict[str, float]:
     its episode's (the scalar, or ADCA's step advantages through its own step ids); padding 0."""
     count = len(episodes)
     advantages = episodes.batch["advantages"]
-    if rows is episodes:
+    if len(rows) == count:  # no earlier-sample rows: nothing to spread
         return {}
     role = rows.non_tensor_batch[SAMPLE_ROLE]
     parent = np.asarray(rows.non_tensor_batch[SAMPLE_PARENT], dtype=np.int64)

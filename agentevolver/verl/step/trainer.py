@@ -396,8 +396,8 @@ class AgentEvolverTrainer(RayPPOTrainer):
         episodes, adv_metrics = episode_advantages(episodes, config=self.config, adca=self._adca, labels=labels,
                                                    step=step, kl_ctrl=getattr(self, "kl_ctrl_in_reward", None))
         metrics.update(adv_metrics)
-        if len(batch) == len(episodes) and episodes is not batch:
-            batch = episodes
+        if len(batch) == len(episodes):  # no earlier-sample rows: the episode rows are the batch
+            return episodes, episodes
         metrics.update(spread_advantages(batch, episodes))
         return batch, episodes
 
