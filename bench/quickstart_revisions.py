@@ -1,0 +1,137 @@
+"""The quickstart at two git revisions, in turn: validation curve and step time, as a table with ratios.
+
+Why: a refactor of the training step must keep behaviour ("the same seeded validation curve, step time
+within 1.1x"), and only the real main job shows both. Each revision is checked out as a detached git
+worktree in a temporary folder and runs ``launcher.py --conf examples/quickstart.yaml --with-env`` there,
+with this interpreter (the same virtualenv for both: only the project's code differs) and ``PYTHONPATH``
+set to that worktree, so the worktree's packages shadow the editable install. Rounds alternate the order
+(before, after, after, before, ...) so a drift of the machine's load falls on both.
+
+Run it on an idle machine (``uptime``) and state the load beside the figures; one round is two quickstarts
+(about 7 minutes each on 2 idle cores)::
+
+    .venv/bin/python bench/quickstart_revisions.py --before 3f12954 --after HEAD --rounds 1
+
+Extra Hydra overrides for both runs go after ``--`` (e.g. ``-- trainer.total_training_steps=2``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+METRICS = Path("checkpoints") / "agentevolver" / "quickstart" / "metrics.jsonl"
+VALIDATION_PREFIX = "val-core/"
+VALIDATION_SUFFIX = "/acc/mean@1"
+
+
+@dataclass
+class QuickstartRun:
+    """What one quickstart at one revision measured."""
+
+    revision: str
+    wall_s: float
+    exit_code: int
+    validation: dict[int, float] = field(default_factory=dict)  # step -> greedy validation success
+    step_s: list[float] = field(default_factory=list)  # timing_s/step of each training step
+
+
+def resolve(revision: str) -> str:
+    """The full commit of ``revision``; a clear message when git does not know it."""
+    done = subprocess.run(["git", "rev-parse", "--verify", f"{revision}^{{commit}}"], cwd=REPO_ROOT,
+                          capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        raise SystemExit(f"--before/--after: git does not know the revision {revision!r} ({done.stderr.strip()})")
+    return done.stdout.strip()
+
+
+def read_run(revision: str, metrics_file: Path, wall_s: float, exit_code: int) -> QuickstartRun:
+    """The validation success per step and the training steps' seconds from a run's ``metrics.jsonl``."""
+    run = QuickstartRun(revision=revision, wall_s=wall_s, exit_code=exit_code)
+    if not metrics_file.exists():
+        return run
+    for line in metrics_file.read_text(encoding="utf-8").splitlines():
+        if not line.strip():
+            continue
+        row = json.loads(line)
+        step = int(row.get("step", 0))
+        for key, value in row.items():
+            if key.startswith(VALIDATION_PREFIX) and key.endswith(VALIDATION_SUFFIX):
+                run.validation[step] = float(value)
+        if "timing_s/step" in row:
+            run.step_s.append(float(row["timing_s/step"]))
+    return run
+
+
+def run_quickstart(commit: str, overrides: list[str], work: Path) -> QuickstartRun:
+    """One quickstart in a fresh worktree of ``commit`` (removed afterwards)."""
+    tree = work / f"{commit[:12]}-{time.monotonic_ns()}"
+    subprocess.run(["git", "worktree", "add", "--detach", "--quiet", str(tree), commit], cwd=REPO_ROOT, check=True)
+    try:
+        env = dict(os.environ, PYTHONPATH=str(tree))
+        argv = [sys.executable, "launcher.py", "--conf", "examples/quickstart.yaml", "--with-env"]
+        if overrides:
+            argv += ["--", *overrides]
+        log = work / f"{tree.name}.log"
+        started = time.perf_counter()
+        with log.open("w", encoding="utf-8") as out:
+            code = subprocess.run(argv, cwd=tree, env=env, stdout=out, stderr=subprocess.STDOUT, check=False).returncode
+        run = read_run(commit, tree / METRICS, time.perf_counter() - started, code)
+        if code != 0:
+            print(f"quickstart at {commit[:12]} exited with {code}; its output: {log}", file=sys.stderr)
+        return run
+    finally:
+        subprocess.run(["git", "worktree", "remove", "--force", str(tree)], cwd=REPO_ROOT, check=False)
+
+
+def table(before: list[QuickstartRun], after: list[QuickstartRun]) -> str:
+    """The markdown table: each run's curve and step time, then the after/before ratio of the medians."""
+    lines = ["| revision | validation success by step | median step s | steps s | whole command s | exit |",
+             "|---|---|---|---|---|---|"]
+    for run in [*before, *after]:
+        curve = " -> ".join(f"{100 * v:.1f}%" for _s, v in sorted(run.validation.items())) or "-"
+        median = f"{statistics.median(run.step_s):.1f}" if run.step_s else "-"
+        steps = " / ".join(f"{s:.0f}" for s in run.step_s) or "-"
+        lines.append(f"| {run.revision[:12]} | {curve} | {median} | {steps} | {run.wall_s:.0f} | {run.exit_code} |")
+    b = [s for run in before for s in run.step_s]
+    a = [s for run in after for s in run.step_s]
+    if a and b:
+        ratio = statistics.median(a) / statistics.median(b)
+        lines += ["", f"median step time, after / before: **{ratio:.2f}x** ({len(a)} and {len(b)} steps)"]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--before", default="3f12954", help="the revision to compare against")
+    parser.add_argument("--after", default="HEAD", help="the revision under test")
+    parser.add_argument("--rounds", type=int, default=1, help="pairs of runs, the order alternating")
+    parser.add_argument("overrides", nargs="*", help="Hydra overrides for both runs (after --)")
+    args = parser.parse_args(argv)
+    if args.rounds < 1:
+        parser.error("--rounds must be at least 1")
+    before_commit, after_commit = resolve(args.before), resolve(args.after)
+    print(f"load average at start: {os.getloadavg()[0]:.2f} (measure idle)", flush=True)
+    before: list[QuickstartRun] = []
+    after: list[QuickstartRun] = []
+    with tempfile.TemporaryDirectory(prefix="quickstart-revisions-") as tmp:
+        for index in range(args.rounds):
+            order = [(before_commit, before), (after_commit, after)]
+            for commit, runs in order if index % 2 == 0 else order[::-1]:
+                runs.append(run_quickstart(commit, args.overrides, Path(tmp)))
+    print(f"load average at end: {os.getloadavg()[0]:.2f}")
+    print(table(before, after))
+    return 0 if all(run.exit_code == 0 for run in [*before, *after]) else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

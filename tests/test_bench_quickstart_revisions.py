@@ -1,0 +1,48 @@
+"""bench/quickstart_revisions.py without its two quickstarts (minutes each): reading a run's metrics, the
+table and its ratio, and the error for a revision git does not know."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+_SPEC = importlib.util.spec_from_file_location("quickstart_revisions", REPO_ROOT / "bench" / "quickstart_revisions.py")
+assert _SPEC is not None and _SPEC.loader is not None
+bench = importlib.util.module_from_spec(_SPEC)
+sys.modules["quickstart_revisions"] = bench
+_SPEC.loader.exec_module(bench)
+
+
+def write_metrics(path: Path, rows: list[dict]) -> Path:
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows), encoding="utf-8")
+    return path
+
+
+def test_a_runs_curve_and_step_times_are_read_and_compared(tmp_path: Path) -> None:
+    before = bench.read_run("a" * 40, write_metrics(tmp_path / "b.jsonl", [
+        {"step": 0, "val-core/calc/acc/mean@1": 0.633},
+        {"step": 1, "timing_s/step": 60.0, "val-core/calc/reward/mean@1": 9.0},
+        {"step": 2, "timing_s/step": 70.0, "val-core/calc/acc/mean@1": 0.8}]), wall_s=400.0, exit_code=0)
+    after = bench.read_run("b" * 40, write_metrics(tmp_path / "a.jsonl", [
+        {"step": 0, "val-core/calc/acc/mean@1": 0.633},
+        {"step": 1, "timing_s/step": 66.0},
+        {"step": 2, "timing_s/step": 77.0, "val-core/calc/acc/mean@1": 0.8}]), wall_s=420.0, exit_code=0)
+    assert before.validation == {0: 0.633, 2: 0.8} and before.step_s == [60.0, 70.0]
+    text = bench.table([before], [after])
+    assert "| aaaaaaaaaaaa | 63.3% -> 80.0% | 65.0 | 60 / 70 | 400 | 0 |" in text
+    assert "after / before: **1.10x** (2 and 2 steps)" in text
+
+
+def test_a_run_that_wrote_no_metrics_shows_dashes(tmp_path: Path) -> None:
+    run = bench.read_run("c" * 40, tmp_path / "missing.jsonl", wall_s=5.0, exit_code=1)
+    assert "| cccccccccccc | - | - | - | 5 | 1 |" in bench.table([run], [])
+
+
+def test_an_unknown_revision_is_named() -> None:
+    with pytest.raises(SystemExit, match="git does not know the revision 'no-such-revision'"):
+        bench.resolve("no-such-revision")
