@@ -19,6 +19,7 @@ from pydantic import BaseModel, Field
 
 from agentevolver.schema import ChatMessage
 from agentevolver.schema.step_labels import STEP_LABELS, StepLabel
+from agentevolver.schema.task_writing import TASK_WRITING, ObservedCall, Rendering
 from env_service.errors import EnvServiceError, UnknownSplit
 
 Isolation = Literal["inline", "process", "ray"]
@@ -86,9 +87,12 @@ class BaseEnv(ABC):
         """Optional behaviours beyond the contract, by name (served at ``GET /envs/{env_type}/capabilities``).
 
         Derived from what the class implements, so a capability can never be advertised without its code:
-        ``step_labels`` when it overrides :meth:`label_steps`.
+        ``step_labels`` when it overrides :meth:`label_steps`, ``task_writing`` when it overrides
+        :meth:`write_tasks`.
         """
-        return [STEP_LABELS] if cls.label_steps.__func__ is not BaseEnv.label_steps.__func__ else []  # type: ignore[attr-defined]
+        implemented = ((STEP_LABELS, "label_steps"), (TASK_WRITING, "write_tasks"))
+        return [name for name, method in implemented
+                if getattr(cls, method).__func__ is not getattr(BaseEnv, method).__func__]
 
     @classmethod
     def label_steps(cls, task_id: str, messages: list[ChatMessage], params: dict[str, Any]) -> list[StepLabel]:
@@ -103,6 +107,19 @@ class BaseEnv(ABC):
             f"environment {cls.name!r} does not offer the {STEP_LABELS!r} capability (it cannot label the "
             f"steps of an episode); use an LLM judge for it "
             f"(attribution_driven_credit_assignment.judge.source: llm)", field="env_type")
+
+    @classmethod
+    def write_tasks(cls, calls: list[ObservedCall], seed_query: str | None, limit: int | None) -> Rendering:
+        """Optional (capability ``task_writing``): the tasks an exploration's tool ``calls`` determine, with no LLM.
+
+        Class-level and pure, like :meth:`label_steps`: each successful call the environment can phrase becomes a
+        question in the style of its own tasks, its observed result the answer, the call the evidence; a rendering
+        of ``seed_query`` is dropped and at most ``limit`` tasks are kept, and what was skipped is counted
+        (:data:`agentevolver.schema.task_writing.RENDER_COUNTS`). The caller proves every task before keeping it.
+        """
+        raise CapabilityUnsupported(
+            f"environment {cls.name!r} does not offer the {TASK_WRITING!r} capability (it cannot write tasks from "
+            "an exploration); use an LLM task writer for it (task_manager.writer: llm)", field="env_type")
 
     @classmethod
     def check_split(cls, split: str) -> None:

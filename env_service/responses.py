@@ -14,6 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field, create_model
 
 from agentevolver.schema import ChatMessage, ErrorDetail
 from agentevolver.schema.step_labels import EnvCapabilities, StepLabelsData
+from agentevolver.schema.task_writing import TaskWritingData
 from env_service.base import Isolation
 
 __all__ = [
@@ -105,6 +106,7 @@ EnvsAnswer = ok(list[EnvListing], "EnvsAnswer")
 ToolsAnswer = ok(list[dict[str, Any]] | None, "ToolsAnswer")
 CapabilitiesAnswer = ok(EnvCapabilities, "CapabilitiesAnswer")
 StepLabelsAnswer = ok(StepLabelsData, "StepLabelsAnswer")
+TaskWritingAnswer = ok(TaskWritingData, "TaskWritingAnswer")
 ProfileAnswer = ok(list[str], "ProfileAnswer")
 CreateAnswerEnvelope = ok(CreateAnswer, "CreateAnswerEnvelope")
 StepAnswerEnvelope = ok(StepAnswer, "StepAnswerEnvelope")

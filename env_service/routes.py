@@ -27,6 +27,7 @@ from agentevolver.schema import (
     StepRequest,
 )
 from agentevolver.schema.step_labels import EnvCapabilities, StepLabelsData, StepLabelsRequest
+from agentevolver.schema.task_writing import TaskWritingData, TaskWritingRequest
 from agentevolver.service_common import error_response, require_token
 from env_service import reference_shape
 from env_service import responses as answers
@@ -97,6 +98,16 @@ async def step_labels(body: StepLabelsRequest, manager: Manager) -> dict[str, An
     cls = manager.env_class(body.env_type)
     labels = await run_in_threadpool(cls.label_steps, body.task_id, body.messages, body.params)
     data = StepLabelsData(env_type=body.env_type, task_id=body.task_id, labels=labels)
+    return _ok(data.model_dump())
+
+
+@router.post("/task_writing", response_model=None,
+             responses={200: {"model": answers.TaskWritingAnswer}, **ENV_ERRORS})
+async def task_writing(body: TaskWritingRequest, manager: Manager) -> dict[str, Any]:
+    # Class-level and pure like /step_labels: the exploration's instance is released by now.
+    cls = manager.env_class(body.env_type)
+    rendering = await run_in_threadpool(cls.write_tasks, body.calls, body.seed_query, body.limit)
+    data = TaskWritingData(env_type=body.env_type, tasks=rendering.tasks, counts=rendering.counts)
     return _ok(data.model_dump())
 
 

@@ -193,7 +193,7 @@ def client(service: str) -> Iterator[EnvClient]:
 
 
 def test_labels_and_capabilities_through_the_service(client: EnvClient) -> None:
-    assert client.capabilities("calc") == ["step_labels"] and client.capabilities("echo") == []
+    assert client.capabilities("calc") == ["step_labels", "task_writing"] and client.capabilities("echo") == []
     a, b = operands(SUB)
     episode = recorded(SUB, [call(f"{a + 4} - {b}"), call(f"{a} - {b}"), f"FINAL ANSWER: {n(SUB.answer + 4)}"])
     data = client.step_labels("calc", SUB.task_id, episode)
@@ -205,7 +205,7 @@ def test_labels_and_capabilities_through_the_service(client: EnvClient) -> None:
 
 async def test_async_labels(service: str) -> None:
     async with EnvClient(EnvClientSettings(env_url=service, max_retries=0)) as env:
-        assert await env.acapabilities("calc") == ["step_labels"]
+        assert await env.acapabilities("calc") == ["step_labels", "task_writing"]
         data = await env.astep_labels("calc", SUB.task_id, recorded(SUB, [f"FINAL ANSWER: {n(SUB.answer)}"]))
         assert data.flags == [True]
 

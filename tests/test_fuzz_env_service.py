@@ -82,4 +82,4 @@ def test_env_service_answers_every_generated_request_as_its_schema_declares(app:
     # 400 capability_unsupported and 422 bad_action/cannot_label: the schema cannot know what an environment can do
     counts = fuzz_schema(asgi_schema(app, domain_rejections=(400, 422)), max_examples=EXAMPLES, headers=headers, pin=_pin,
                          checks=[json_error_names_field(fieldless=["too_many_instances"])])
-    assert len(counts) == 12 and all(count >= 1 for count in counts.values()), counts
+    assert len(counts) == 13 and all(count >= 1 for count in counts.values()), counts

@@ -1,10 +1,12 @@
-"""``task_manager.writer: env``: the environment's profile writes tasks from an exploration, no LLM.
+"""``task_manager.writer: env``: the environment writes tasks from an exploration, no LLM.
 
 Through the real entry point (``python -m agentevolver.module.task_manager``) on the real ``calc`` service,
 with the explorer played by the scripted OpenAI-compatible server (which records every request): the tasks
 written are the calls the explorer made, their answers the observed results, proved by the same check as
-an LLM's; no request reaches the task writer (or the judge). A profile without the rendering is a clear
-error. Unit tests pin the rendering itself: expression kinds, failed calls, repeats, seed copies, limits.
+an LLM's; no request reaches the task writer (or the judge). The rendering is the environment's capability
+``task_writing`` (``POST /task_writing``), tested through the service; an environment without it, or a
+profile without ``answers``, is a clear error. Unit tests pin calc's rendering rules where they live
+(:mod:`env_service.environments.calc.task_writing`): expression kinds, failed calls, repeats, seed copies, limits.
 """
 
 from __future__ import annotations
@@ -16,25 +18,29 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 from env_service_fixture import REPO_ROOT, env_service
 from scripted_openai_server import ScriptedOpenAIServer
 
-from agentevolver.client.env_client import EnvClient
+from agentevolver.client.env_client import EnvClient, EnvClientError, EnvClientSettings
 from agentevolver.config import load_config
 from agentevolver.errors import ConfigError
-from agentevolver.module.task_manager import TaskManager, read_objectives, seed_tasks
-from agentevolver.module.task_manager.env_writer import format_expression, render_tasks
+from agentevolver.module.task_manager import read_objectives, seed_tasks
+from agentevolver.module.task_manager.deps import TaskManagerDeps
+from agentevolver.module.task_manager.env_writer import EnvWriter, observed_calls
 from agentevolver.module.task_manager.profile import ProfileError, load_profile
 from agentevolver.module.task_manager.prompts import FILTER_SYSTEM, SUMMARIZER_SYSTEM
 from agentevolver.module.task_manager.proof import observations, prove
 from agentevolver.schema import ChatMessage, Task, ToolCall, ToolFunction, Trajectory
+from agentevolver.schema.task_writing import RENDER_COUNTS
 from agentevolver.verl.task_dataset import tasks_from_env_service
+from env_service.environments.calc.task_writing import format_expression, render_tasks
 
 CALC = load_profile("calc")
 EXPLORING = "You are now EXPLORING this environment"
 
-# -- the rendering ---------------------------------------------------------------------------------------------
+# -- calc's rendering ---------------------------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize(("written", "rendered"), [
@@ -85,7 +91,7 @@ CALLS = [
 def test_each_successful_call_becomes_a_task_with_the_observed_result_as_its_proved_answer() -> None:
     trajectory = _trajectory(CALLS)
     record = observations(trajectory)
-    rendering = render_tasks(record, CALC.env_writer, CALC.answers, seed_query=trajectory.query)
+    rendering = render_tasks(observed_calls(trajectory), seed_query=trajectory.query)
 
     rendered = {task.answer: task.query for task in rendering.tasks}
     assert list(rendered) == ["391", "291", "5000", "0.75", "1024", "-30"]
@@ -105,25 +111,25 @@ def test_each_successful_call_becomes_a_task_with_the_observed_result_as_its_pro
 
 def test_rendering_is_reproducible_and_capped_like_the_llm_writer() -> None:
     trajectory = _trajectory(CALLS)
-    record = observations(trajectory)
-    once = render_tasks(record, CALC.env_writer, CALC.answers, seed_query=trajectory.query)
-    again = render_tasks(record, CALC.env_writer, CALC.answers, seed_query=trajectory.query)
+    calls = observed_calls(trajectory)
+    once = render_tasks(calls, seed_query=trajectory.query)
+    again = render_tasks(calls, seed_query=trajectory.query)
     assert once.tasks == again.tasks
-    capped = render_tasks(record, CALC.env_writer, CALC.answers, seed_query=trajectory.query, limit=2)
+    capped = render_tasks(calls, seed_query=trajectory.query, limit=2)
     assert [t.answer for t in capped.tasks] == ["391", "291"] and capped.counts["over_limit"] == 4
 
 
 def test_a_rendering_of_the_seed_task_in_another_template_is_still_a_seed_copy() -> None:
     for seed_query in ("What is 65 - 59?", "Compute 65 - 59.", "calculate 65 - 59"):
-        rendering = render_tasks(observations(_trajectory(CALLS[-1:], seed_query)), CALC.env_writer, CALC.answers,
-                                 seed_query=seed_query)
+        rendering = render_tasks(observed_calls(_trajectory(CALLS[-1:], seed_query)), seed_query=seed_query)
         assert (rendering.tasks, rendering.counts["seed_copies"]) == ([], 1)
 
 
 def test_a_result_the_proof_rejects_is_rendered_but_never_kept() -> None:
     """The proof is not relaxed for the environment: "What is 7 * 1?" states its own answer."""
-    record = observations(_trajectory([("calculator", {"expression": "7*1"}, "7")]))
-    (task,) = render_tasks(record, CALC.env_writer, CALC.answers).tasks
+    trajectory = _trajectory([("calculator", {"expression": "7*1"}, "7")])
+    record = observations(trajectory)
+    (task,) = render_tasks(observed_calls(trajectory)).tasks
     proof = prove(task.query, task.answer, record, CALC.answers)
     assert (proof.proved, proof.reason) == (False, "answer_in_query")
 
@@ -143,29 +149,12 @@ def _profile_file(tmp_path: Path, **changes: Any) -> Path:
     return path
 
 
-@pytest.mark.parametrize(("changes", "message"), [
-    ({"answers": None}, "env_writer needs answers"),
-    ({"env_writer": {"calls": {"calculator": {"templates": ["What is it?"]}}}},
-     "env_writer.calls.calculator: Value error, templates[0] 'What is it?' names no argument"),
-    ({"env_writer": {"calls": {"calculator": {"templates": ["What is {0}?"]}}}}, "are not argument names"),
-    ({"env_writer": {"calls": {}}}, "env_writer.calls: Dictionary should have at least 1 item"),
-    ({"env_writer": {"calls": {"calculator": {"templates": ["{expression}"], "style": "x"}}}},
-     "env_writer.calls.calculator.style: Extra inputs are not permitted"),
-])
-def test_a_bad_rendering_in_a_profile_names_the_field(tmp_path: Path, changes: dict[str, Any], message: str) -> None:
+def test_the_rendering_is_no_longer_profile_data(tmp_path: Path) -> None:
+    """calc's templates live with calc (capability task_writing); an old profile's env_writer is named as unknown."""
+    old = {"calls": {"calculator": {"templates": ["What is {expression}?"]}}}
     with pytest.raises(ProfileError, match=r"calc_profile\.json") as caught:
-        load_profile("calc", _profile_file(tmp_path, **changes))
-    assert message in str(caught.value)
-
-
-def test_writer_env_on_a_profile_without_the_rendering_is_a_config_error(tmp_path: Path) -> None:
-    path = _profile_file(tmp_path, env_writer=None)
-    _cfg, settings = load_config(["env_service.env_type=calc", "task_manager.writer=env", "task_manager.n=1",
-                                  f"task_manager.env_profile={path}"])
-    with pytest.raises(ConfigError) as caught:
-        TaskManager.from_settings(settings).generate_task([Task(task_id="train-single-000", env_type="calc")])
-    text = str(caught.value)
-    assert "task_manager.writer is 'env'" in text and str(path) in text and "env_writer" in text
+        load_profile("calc", _profile_file(tmp_path, env_writer=old))
+    assert "env_writer: Extra inputs are not permitted" in str(caught.value)
 
 
 def test_the_writer_key_takes_only_env_or_llm() -> None:
@@ -178,8 +167,57 @@ def test_the_writer_key_takes_only_env_or_llm() -> None:
 
 @pytest.fixture(scope="module")
 def calc(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    with env_service("calc", tmp_path=tmp_path_factory.mktemp("calc_env_writer")) as running:
+    with env_service("calc,echo", tmp_path=tmp_path_factory.mktemp("calc_env_writer")) as running:
         yield running.url
+
+
+# -- the capability, through the service -----------------------------------------------------------------------
+
+
+def test_calc_advertises_task_writing_and_renders_through_the_service(calc: str) -> None:
+    trajectory = _trajectory(CALLS)
+    with EnvClient(EnvClientSettings(env_url=calc, max_retries=0)) as env:
+        assert "task_writing" in env.capabilities("calc") and env.capabilities("echo") == []
+        data = env.write_tasks("calc", observed_calls(trajectory), seed_query=trajectory.query, limit=5)
+    # the same rendering as calc's rules give in-process, over the wire
+    assert data.tasks == render_tasks(observed_calls(trajectory), seed_query=trajectory.query, limit=5).tasks
+    assert data.env_type == "calc" and [t.answer for t in data.tasks] == ["391", "291", "5000", "0.75", "1024"]
+    assert data.counts == {"calls_seen": 11, "calls_failed": 2, "calls_merged": 1, "calls_not_rendered": 1,
+                           "seed_copies": 1, "over_limit": 1, "tasks_rendered": 5}
+    assert set(data.counts) <= set(RENDER_COUNTS)
+    schema = httpx.get(f"{calc}/openapi.json").json()
+    assert "TaskWritingAnswer" in schema["components"]["schemas"]
+
+
+def test_an_environment_without_task_writing_answers_capability_unsupported(calc: str) -> None:
+    with EnvClient(EnvClientSettings(env_url=calc, max_retries=0)) as env, pytest.raises(EnvClientError) as err:
+        env.write_tasks("echo", [])
+    assert (err.value.status, err.value.code, err.value.field) == (400, "capability_unsupported", "env_type")
+    assert "'echo'" in str(err.value) and "'task_writing'" in str(err.value) and "task_manager.writer" in str(err.value)
+    bad = httpx.post(f"{calc}/task_writing", json={"env_type": "calc", "calls": [], "limit": -1})
+    assert (bad.status_code, bad.json()["error"]["field"]) == (422, "limit")
+
+
+def test_writer_env_on_an_environment_without_the_capability_is_a_config_error(calc: str) -> None:
+    _cfg, settings = load_config(["env_service.env_type=echo", f"env_service.env_url={calc}",
+                                  "task_manager.writer=env"])
+    with EnvClient.from_config(settings.env_service) as env, pytest.raises(ConfigError) as caught:
+        EnvWriter(TaskManagerDeps(settings, env=env, given_profile=CALC))
+    text = str(caught.value)
+    assert "task_manager.writer is 'env'" in text and "'task_writing'" in text and "task_manager.writer=llm" in text
+
+
+def test_a_service_error_skips_the_exploration_and_is_counted(calc: str) -> None:
+    _cfg, settings = load_config(["env_service.env_type=calc", f"env_service.env_url={calc}",
+                                  "task_manager.writer=env"])
+    with EnvClient.from_config(settings.env_service) as env:
+        writer = EnvWriter(TaskManagerDeps(settings, env=env))
+    # the service is gone by the time the exploration is rendered: nothing listens on port 9 (discard)
+    with EnvClient(EnvClientSettings(env_url="http://127.0.0.1:9", max_retries=0)) as gone:
+        writer.env = gone
+        outcome = writer.summarize(Task(task_id="train-single-000", env_type="calc"), _trajectory(CALLS))
+    assert outcome.objectives == [] and outcome.rendered == {"service_errors": 1}
+    assert outcome.errors and outcome.errors[0].startswith("task_writing failed")
 
 
 #: What the scripted explorer does, one call per step (calc ends an episode after 4 steps).
@@ -244,14 +282,14 @@ def test_cli_writer_env_writes_the_observed_calls_as_proved_tasks_without_asking
                                                         "Compute 17 * 23.", "What is the value of 17 * 23?"}
 
     summary = json.loads((tmp_path / "summary.json").read_text())
-    assert summary["writer"].startswith("env: the calc profile renders")
+    assert summary["writer"].startswith("env: the calc environment renders")
     counts = summary["counts"]
     assert (counts["env_calls_seen"], counts["env_calls_failed"], counts["env_calls_merged"]) == (8, 2, 2)
     assert (counts["answers_checked"], counts["answers_proved"], counts["judged_without_llm"]) == (4, 4, 4)
     assert counts.get("summary_replies", 0) == 0 and summary["rates"]["proof_rate"] == 1.0
     assert summary["rates"]["parse_rate"] is None and summary["rates"]["reasks_per_exploration"] is None
     table = " ".join(result.stdout.split())
-    assert "task writer" in table and "env: the calc profile" in table and "no LLM request" in table
+    assert "task writer" in table and "env: the calc environment" in table and "no LLM request" in table
 
 
 def test_cli_report_names_the_llm_writer_model(calc: str, scripted_llm: ScriptedOpenAIServer, tmp_path: Path) -> None:
@@ -270,14 +308,15 @@ def test_cli_report_names_the_llm_writer_model(calc: str, scripted_llm: Scripted
     assert "llm: smollm2-135m-instruct" in " ".join(result.stdout.split())
 
 
-def test_cli_writer_env_without_the_rendering_exits_2_naming_the_key_and_the_profile(
+def test_cli_writer_env_on_a_profile_without_answers_exits_2_naming_the_key_and_the_profile(
         calc: str, scripted_llm: ScriptedOpenAIServer, tmp_path: Path) -> None:
+    """A rendered task is trusted only once proved, so the env writer needs the profile's proof rules."""
     scripted_llm.respond_with(_explorer)
-    path = _profile_file(tmp_path, env_writer=None)
+    path = _profile_file(tmp_path, answers=None)
     result = _cli(calc, scripted_llm, tmp_path, "task_manager.writer=env", f"task_manager.env_profile={path}")
     assert result.returncode == 2
     message = " ".join(result.stderr.split())
-    assert "task_manager.writer is 'env'" in message and "calc_profile.json" in message
+    assert "task_manager.writer is 'env'" in message and "calc_profile.json" in message and "answers" in message
     assert not scripted_llm.requests  # it stopped before exploring
 
 

@@ -5,7 +5,7 @@ Failure policy, chosen per route by what a retry can break:
 * every route retries connection failures, 429 (service full) and 503, with full-jitter exponential backoff
   (these mean the request was not processed);
 * read-only routes (``get_env_profile``, ``evaluate``, ``get_info``, ``release``, ``envs``, ``tools``,
-  ``capabilities``, ``step_labels``) also retry timeouts and 500s; ``create`` retries them after releasing
+  ``capabilities``, ``step_labels``, ``task_writing``) also retry timeouts and 500s; ``create`` retries them after releasing
   the half-created instance (the client picks the instance id, so it can);
 * ``step`` is not idempotent, so a timeout is not retried; when a step finally fails it returns a
   *fallback observation* instead of raising, flagged ``info["fallback"] = True`` so the trainer counts it:
@@ -46,6 +46,7 @@ from agentevolver.client.http import (
 )
 from agentevolver.schema import SHAPE_PARAM, ChatMessage, CreateData, StepData
 from agentevolver.schema.step_labels import EnvCapabilities, StepLabelsData, wire_messages
+from agentevolver.schema.task_writing import ObservedCall, TaskWritingData, TaskWritingRequest
 
 __all__ = ["EnvClient", "EnvClientError", "EnvClientSettings"]
 
@@ -170,6 +171,14 @@ class EnvClient(ServiceClient):
         """
         body = self._envelope(env_type, task_id, messages=wire_messages(messages), params=params)
         return StepLabelsData.model_validate(self._request("POST", "/step_labels", body, True))
+
+    def write_tasks(self, env_type: str, calls: Sequence[ObservedCall], *, seed_query: str | None = None,
+                    limit: int | None = None) -> TaskWritingData:
+        """The tasks an exploration's tool ``calls`` determine, rendered by the environment (capability
+        ``task_writing``; no LLM). Pure, so retried like ``evaluate``; an environment without the capability
+        raises :class:`EnvClientError` with code ``capability_unsupported``."""
+        body = TaskWritingRequest(env_type=env_type, calls=list(calls), seed_query=seed_query, limit=limit)
+        return TaskWritingData.model_validate(self._request("POST", "/task_writing", body.model_dump(mode="json"), True))
 
     def get_env_profile(self, env_type: str, split: str = "train") -> list[str]:
         """Task ids of a split."""

@@ -168,7 +168,7 @@ def _roles_in_use(config: Any) -> list[str]:
     if n > 0:
         roles.append("task_explorer")
         if _select(config, "task_manager.writer", "llm") == "llm":
-            roles.append("task_summarizer")  # writer env: the environment profile renders the tasks
+            roles.append("task_summarizer")  # writer env: the environment renders the tasks
         if "llm_feasibility" in (_select(config, "task_manager.post_filters", []) or []):
             roles.append("task_filter")
     graders = {_select(config, "task_manager.grader.original_grader")}

@@ -2,7 +2,7 @@
 
 Pipeline: environment **profile** (:mod:`.profile`) -> **explore** (:mod:`.exploration`, strategies by
 name) -> **summarise** with the real query masked (:mod:`.summarizer`, :mod:`.masking`; or, with
-``task_manager.writer: env``, the profile renders the observed calls as tasks, :mod:`.env_writer`) -> **filter**
+``task_manager.writer: env``, the environment renders the observed calls as tasks, :mod:`.env_writer`) -> **filter**
 (:mod:`.filters`: real-time dedup, post-hoc LLM feasibility) -> **mix** (:mod:`.mixture`: unified for
 training, original-only for validation). Where the profile declares that observations prove answers, only
 tasks whose answer :mod:`.proof` finds in what the environment returned are kept. :mod:`.graders` score

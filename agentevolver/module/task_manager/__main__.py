@@ -167,7 +167,8 @@ def summary_table(report: GenerationReport, seeds: int) -> Table:
                       f"from {c['env_calls_seen']} tool call(s): {c['env_calls_failed']} failed, "
                       f"{c['env_calls_not_rendered']} not renderable, {c['env_calls_merged']} repeated in one "
                       f"exploration (merged), {c['env_seed_copies']} restating the seed task, "
-                      f"{c['env_over_limit']} over tasks_per_exploration; no LLM request")
+                      f"{c['env_over_limit']} over tasks_per_exploration; "
+                      f"{c['env_service_errors']} exploration(s) the service did not render; no LLM request")
     else:
         table.add_row("summariser replies", str(c["summary_replies"]),
                       f"{c['summary_unparsed_replies']} unparseable; parse rate {pct(rates['parse_rate'])}; "

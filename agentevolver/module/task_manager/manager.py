@@ -165,7 +165,7 @@ class TaskManager:
         if section.n == 0 or not seeds:
             logger.info("task synthesis is off (task_manager.n=0 or no seed tasks)")
             return report
-        summarizer = make_writer(self.deps)  # first: writer env on a profile without env_writer fails here
+        summarizer = make_writer(self.deps)  # first: writer env on an environment that cannot write tasks fails here
         report.writer = summarizer.identity()
         strategy = EXPLORATION_STRATEGIES.create(section.strategy, self.deps)
         realtime = [REALTIME_FILTERS.create(name, self.deps) for name in section.realtime_filters]
@@ -327,15 +327,15 @@ def check_names(settings: AgentEvolverSettings) -> None:
 
 def make_writer(deps: TaskManagerDeps) -> TaskWriter:
     """The task writer ``task_manager.writer`` names: ``llm`` = the task_summarizer role reads the masked
-    exploration; ``env`` = the profile's ``env_writer`` renders it (a :class:`ConfigError` naming the key and the
-    profile when the profile has none)."""
+    exploration; ``env`` = the environment service renders it (capability ``task_writing``; a :class:`ConfigError`
+    naming the key when the environment does not offer it or the profile declares no ``answers``)."""
     return EnvWriter(deps) if deps.section.writer == "env" else Summarizer(deps)
 
 
 def writer_identity(settings: AgentEvolverSettings) -> str:
     """Who writes the tasks, from the settings alone (the report of a run that generates nothing says it too)."""
     if settings.task_manager.writer == "env":
-        return f"env: the {settings.env_service.env_type} profile renders the exploration's tool calls (no LLM)"
+        return f"env: the {settings.env_service.env_type} environment renders the exploration's tool calls (no LLM)"
     return llm_writer_identity(settings)
 
 

@@ -12,16 +12,14 @@ must give each task's answer and its evidence, code checks the answer against wh
 returned (:mod:`.proof`), and the ``reference`` grader scores episodes by matching that answer: no LLM
 judges a synthetic task of such an environment.
 
-Such a profile may go one step further and declare how the environment itself **writes** a task from an
-exploration (``env_writer``, see :class:`EnvWriterSpec`; used with ``task_manager.writer: env``): each
-successful tool call becomes a question rendered from a template, its observed result the answer. This
-separates what training on self-explored tasks does from how good a writer model is (:mod:`.env_writer`).
+With ``task_manager.writer: env`` the environment itself writes a task from an exploration (each successful
+tool call a question, its observed result the answer); that is a capability of the environment service
+(``task_writing``, :mod:`.env_writer`), not profile data, and the rendered tasks are proved with ``answers``.
 """
 
 from __future__ import annotations
 
 import json
-import string
 from importlib import resources
 from pathlib import Path
 from typing import Literal
@@ -30,8 +28,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from agentevolver.errors import ConfigError
 
-__all__ = ["AnswerProof", "Attribute", "CallRendering", "Entity", "EnvProfile", "EnvWriterSpec", "Operation",
-           "ProfileError", "load_profile", "resolve_synthetic_grader", "shipped_profiles"]
+__all__ = ["AnswerProof", "Attribute", "Entity", "EnvProfile", "Operation", "ProfileError", "load_profile",
+           "resolve_synthetic_grader", "shipped_profiles"]
 
 
 class ProfileError(ConfigError):
@@ -89,56 +87,6 @@ class AnswerProof(BaseModel):
     abs_tol: float = Field(default=1e-6, ge=0.0)
 
 
-class CallRendering(BaseModel):
-    """How a successful call of one tool becomes a task (``env_writer.calls.<tool>``).
-
-    ``templates`` are ``str.format`` strings over the call's argument names ("What is {expression}?"); one is
-    picked per call by a digest of the call, so the same call always reads the same (reproducible, and the
-    dedup filter sees repeats as exact duplicates) while different calls vary like the environment's own
-    tasks. ``expressions`` names arguments holding arithmetic, written with one space around each binary
-    operator ("12*(3+4)" -> "12 * (3 + 4)"), as the environment's own tasks write it. ``words`` writes string
-    argument values as words ("km" -> "kilometers"; matched without regard to case; others stay as given).
-    """
-
-    model_config = ConfigDict(extra="forbid", frozen=True, str_strip_whitespace=True)
-
-    templates: list[str] = Field(min_length=1)
-    expressions: list[str] = Field(default_factory=list)
-    words: dict[str, str] = Field(default_factory=dict)
-
-    @model_validator(mode="after")
-    def _templates_name_arguments(self) -> CallRendering:
-        for index, template in enumerate(self.templates):
-            try:
-                fields = [name for _text, name, _spec, _conv in string.Formatter().parse(template) if name is not None]
-            except ValueError as err:
-                raise ValueError(f"templates[{index}] {template!r} is not a format string: {err}") from err
-            if not fields:
-                raise ValueError(f"templates[{index}] {template!r} names no argument; write e.g. 'What is {{expression}}?'")
-            bad = [name for name in fields if not name.isidentifier()]
-            if bad:
-                raise ValueError(f"templates[{index}] {template!r}: {bad} are not argument names (use "
-                                 "{argument_name}, no positions, indexes or attributes)")
-        return self
-
-    def fields(self) -> set[str]:
-        """The argument names the templates use."""
-        return {name for template in self.templates
-                for _text, name, _spec, _conv in string.Formatter().parse(template) if name}
-
-
-class EnvWriterSpec(BaseModel):
-    """``env_writer``: how the environment writes a task from an exploration with no LLM
-    (``task_manager.writer: env``). ``calls`` maps a tool name to its rendering; calls of other tools are
-    not rendered. A tool result starting with one of ``failure_prefixes`` (case aside) is a failed call and
-    is skipped, as is a number-kind result that is not exactly one number."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True, str_strip_whitespace=True)
-
-    calls: dict[str, CallRendering] = Field(min_length=1)
-    failure_prefixes: list[str] = Field(default_factory=lambda: ["Error"])
-
-
 class EnvProfile(BaseModel):
     """The profile of one environment."""
 
@@ -148,7 +96,6 @@ class EnvProfile(BaseModel):
     description: str = Field(min_length=1)
     entities: list[Entity] = Field(min_length=1)
     answers: AnswerProof | None = None
-    env_writer: EnvWriterSpec | None = None
 
     @model_validator(mode="after")
     def _unique_entities(self) -> EnvProfile:
@@ -156,10 +103,6 @@ class EnvProfile(BaseModel):
         duplicates = sorted({n for n in names if names.count(n) > 1})
         if duplicates:
             raise ValueError(f"entities repeat the name(s) {duplicates}")
-        if self.env_writer is not None and self.answers is None:
-            raise ValueError("env_writer needs answers: a task the environment writes is trusted because its "
-                             "observations prove the answer; declare answers (proved_by: observations) or drop "
-                             "env_writer")
         return self
 
     def operations(self) -> list[tuple[Entity, Operation]]:

@@ -23,6 +23,9 @@ Episode protocol:
   repeats it.
 * ``label_steps`` (capability ``step_labels``, ``POST /step_labels``): GOOD/BAD for each agent step of a
   finished episode, from what the question requires (:mod:`env_service.environments.calc.labels`).
+* ``write_tasks`` (capability ``task_writing``, ``POST /task_writing``): each successful tool call of an
+  exploration as a question in the style of calc's own tasks, its result the answer
+  (:mod:`env_service.environments.calc.task_writing`).
 * ``evaluate(sparse)``: 1.0 if the final answer is within tolerance; otherwise sparse gives 0.0 and dense
   gives 0.5 if some tool result was within tolerance of the answer (the model computed it but did not
   report it), else 0.0.
@@ -35,6 +38,7 @@ from typing import Any
 
 from agentevolver.schema import ChatMessage
 from agentevolver.schema.step_labels import StepLabel
+from agentevolver.schema.task_writing import ObservedCall, Rendering
 from env_service.actions import ActionCalls, read_tool_calls
 from env_service.base import BaseEnv, StepOutcome
 from env_service.environments.calc.answer import has_final_answer, parse_final_answer
@@ -46,6 +50,7 @@ from env_service.environments.calc.prompts import (
     SYSTEM_PROMPT,
     demonstrations,
 )
+from env_service.environments.calc.task_writing import render_tasks
 from env_service.environments.calc.tasks import SPLITS, CalcTask, get_task, parse_split, split_task_ids
 from env_service.environments.calc.tools import run_tool, tool_schemas
 from env_service.errors import BadAction, EnvServiceError, UnknownSplit
@@ -99,6 +104,12 @@ class CalcEnv(BaseEnv):
         """GOOD/BAD per agent step from what the task requires (capability ``step_labels``; rules:
         :mod:`env_service.environments.calc.labels`)."""
         return label_episode(get_task(task_id), messages)
+
+    @classmethod
+    def write_tasks(cls, calls: list[ObservedCall], seed_query: str | None, limit: int | None) -> Rendering:
+        """Each successful calculator / unit-converter call as a question like calc's own (capability
+        ``task_writing``; rules: :mod:`env_service.environments.calc.task_writing`)."""
+        return render_tasks(calls, seed_query=seed_query, limit=limit)
 
     def __init__(self, task_id: str, instance_id: str, params: dict[str, Any]) -> None:
         super().__init__(task_id, instance_id, params)

@@ -1,0 +1,158 @@
+"""Tasks ``calc`` writes from an exploration (capability ``task_writing``, ``POST /task_writing``).
+
+Each successful calculator or unit-converter call the explorer made becomes a question in the style of calc's
+own tasks ("What is 17 * 23?", "How many meters are in 5 kilometers?"), its observed result the answer and the
+call the evidence; the task manager still proves each one (:mod:`agentevolver.module.task_manager.env_writer`).
+
+* A question's template is picked per call by a digest of the call, so the same call always reads the same
+  (reproducible, and the dedup filter sees repeats as exact duplicates) while different calls vary like the
+  environment's own tasks. Expressions are written with one space around each binary operator
+  (:func:`format_expression`), unit symbols as words ("km" -> "kilometers").
+* ``calls_failed``: the tool returned an error (a result starting with ``Error``) or not exactly one number;
+* ``calls_not_rendered``: a tool with no question here, or a call lacking an argument its question needs;
+* ``calls_merged``: the same call again in one exploration (one task, not two);
+* ``seed_copies``: one of the call's renderings is the seed task's own question, word for word (the explorer
+  solved the seed, and "Compute 65 - 59." would restate "What is 65 - 59?"). A word problem's arithmetic
+  ("What is 12 * 5?" from a story about 12 muffins a day for 5 days) is a different question and is kept;
+* ``over_limit``: beyond the request's ``limit``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import string
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from agentevolver.schema.task_writing import ObservedCall, RenderedTask, Rendering
+from agentevolver.text_numbers import one_number
+
+__all__ = ["CALLS", "FAILURE_PREFIXES", "format_expression", "render_tasks"]
+
+_TOKEN = re.compile(r"\d+(?:\.\d+)?(?:[eE][-+]?\d+)?|\.\d+|\*\*|[-+*/^×÷·−]|[()]|[^\s\d()]+")
+_BINARY = {"+", "-", "*", "/", "**", "^", "×", "÷", "·", "−"}
+
+
+@dataclass(frozen=True)
+class CallRendering:
+    """How a successful call of one tool reads as a question: ``str.format`` templates over its argument
+    names, the arguments holding arithmetic, and the words that string argument values are written as
+    (matched without regard to case; others stay as given)."""
+
+    templates: tuple[str, ...]
+    expressions: tuple[str, ...] = ()
+    words: Mapping[str, str] = field(default_factory=dict)
+
+    def fields(self) -> set[str]:
+        """The argument names the templates use."""
+        return {name for template in self.templates
+                for _text, name, _spec, _conv in string.Formatter().parse(template) if name}
+
+
+_UNIT_WORDS = {
+    "mm": "millimeters", "cm": "centimeters", "m": "meters", "km": "kilometers", "in": "inches", "ft": "feet",
+    "yd": "yards", "mi": "miles", "mg": "milligrams", "g": "grams", "kg": "kilograms", "lb": "pounds",
+    "lbs": "pounds", "oz": "ounces", "s": "seconds", "sec": "seconds", "min": "minutes", "h": "hours",
+    "hr": "hours", "day": "days", "week": "weeks", "ml": "milliliters", "l": "liters", "gal": "gallons",
+    "c": "degrees Celsius", "f": "degrees Fahrenheit", "k": "kelvin",
+}
+
+#: The tools whose calls become questions, and how.
+CALLS: Mapping[str, CallRendering] = {
+    "calculator": CallRendering(
+        templates=("What is {expression}?", "Calculate {expression}.", "Compute {expression}.",
+                   "What is the value of {expression}?"),
+        expressions=("expression",)),
+    "convert_units": CallRendering(
+        templates=("How many {to_unit} are in {value} {from_unit}?", "Convert {value} {from_unit} to {to_unit}.",
+                   "What is {value} {from_unit} in {to_unit}?"),
+        words=_UNIT_WORDS),
+}
+#: A tool result starting with one of these (case aside) is a failed call (calc's tools answer errors so).
+FAILURE_PREFIXES = ("Error",)
+
+
+def format_expression(text: str) -> str:
+    """An arithmetic expression as calc's own tasks write it: one space around each binary operator, none
+    inside parentheses or after a sign ("12*(3+4)" -> "12 * (3 + 4)", "-5+3" -> "-5 + 3"); a trailing ``=``
+    is dropped (the calculator ignores it too)."""
+    out: list[str] = []
+    previous = ""  # "", "value", "operator", "(" or ")"
+    for token in _TOKEN.findall(text.strip().rstrip("=").strip()):
+        if token in ("+", "-", "−") and previous in ("", "operator", "("):
+            out.append(token)  # a sign, written against its number
+            previous = "operator"
+        elif token in _BINARY:
+            out.append(f" {token} ")
+            previous = "operator"
+        else:
+            out.append(token)
+            previous = token if token in "()" else "value"
+    return "".join(out).strip()
+
+
+def render_tasks(calls: Sequence[ObservedCall], *, seed_query: str | None = None,
+                 limit: int | None = None) -> Rendering:
+    """Each successful, renderable call of ``calls`` (in order) -> a task (see the module docstring)."""
+    tasks: list[RenderedTask] = []
+    counts: Counter[str] = Counter()
+    seen: set[str] = set()
+    failures = tuple(prefix.casefold() for prefix in FAILURE_PREFIXES)
+    seed_text = _plain(seed_query) if seed_query else None
+    for obs in calls:
+        counts["calls_seen"] += 1
+        result = obs.text.strip()
+        answer = one_number(result)
+        if not result or result.casefold().startswith(failures) or answer is None:
+            counts["calls_failed"] += 1
+            continue
+        how = CALLS.get(obs.tool)
+        values = _argument_values(obs.arguments, how) if how is not None else None
+        if how is None or values is None or not how.fields() <= values.keys():
+            counts["calls_not_rendered"] += 1
+            continue
+        key = json.dumps([obs.tool, sorted((k, v) for k, v in values.items() if k in how.fields())])
+        if key in seen:
+            counts["calls_merged"] += 1
+            continue
+        seen.add(key)
+        template = how.templates[int(hashlib.sha256(key.encode()).hexdigest(), 16) % len(how.templates)]
+        query = template.format(**values)
+        if seed_text is not None and any(_plain(t.format(**values)) == seed_text for t in how.templates):
+            counts["seed_copies"] += 1
+            continue
+        if limit is not None and len(tasks) >= limit:
+            counts["over_limit"] += 1
+            continue
+        tasks.append(RenderedTask(query=query, answer=answer, evidence=f"{obs.call} -> {result}", call=obs.call))
+    counts["tasks_rendered"] = len(tasks)
+    return Rendering(tasks=tasks, counts=dict(counts))
+
+
+def _argument_values(arguments: Any, how: CallRendering) -> dict[str, str] | None:
+    """The call's arguments as the text a template shows (None when they are not a JSON object)."""
+    if not isinstance(arguments, dict):
+        return None
+    words = {key.casefold(): value for key, value in how.words.items()}
+    values: dict[str, str] = {}
+    for name, value in arguments.items():
+        if isinstance(value, bool) or value is None or isinstance(value, dict | list):
+            continue
+        if isinstance(value, int | float):
+            text = f"{value:.12g}"
+        else:
+            text = " ".join(str(value).split())
+            if name in how.expressions:
+                text = format_expression(text)
+            text = words.get(text.casefold(), text)
+        if text:
+            values[name] = text
+    return values
+
+
+def _plain(text: str) -> str:
+    return " ".join(text.casefold().strip(" .?!").split())
