@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import math
 import threading
 from typing import Any
 
@@ -151,6 +152,24 @@ async def test_mixed_settings_share_one_batch(generator: HFGenerator, prompts: l
         alone = await generator.generate("g", prompt_ids=prompts[i], sampling_params=params[i])
         assert batched[i].token_ids == alone.token_ids
     assert all(out.log_probs is None for out in batched[1::2])  # logprobs not requested
+
+
+@pytest.mark.parametrize(
+    "sampling",
+    [
+        {"repetition_penalty": 1e300, "temperature": 1.1e-5},
+        {"repetition_penalty": 1e-300, "temperature": 1.0, "top_p": 0.5},
+        {"repetition_penalty": 1e40, "temperature": 1e300, "top_k": 5},
+    ],
+    ids=["huge-penalty", "tiny-penalty", "huge-temperature"],
+)
+async def test_extreme_finite_settings_still_sample(generator: HFGenerator, prompts: list[list[int]],
+                                                    sampling: dict[str, Any]) -> None:
+    """Values past float32's range (the schema fuzz sent repetition_penalty=1e300) draw tokens, not NaN errors."""
+    out = await generator.generate("x", prompt_ids=prompts[0],
+                                   sampling_params={**sampling, "logprobs": True, "max_tokens": 4, "seed": 1})
+    assert len(out.token_ids) == len(out.log_probs) == 4
+    assert all(math.isfinite(lp) and lp <= 0 for lp in out.log_probs)
 
 
 # -- log-probs ------------------------------------------------------------------------------------------------

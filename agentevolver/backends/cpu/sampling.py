@@ -31,6 +31,14 @@ KNOWN_KEYS = frozenset(
 #: say, 1e-300 overflows to inf and the softmax to NaN (a 500 the LLM server's schema fuzz found).
 SAMPLING_EPS = 1e-5
 
+#: Repetition penalties and temperatures are clamped into ``[1 / SCALE_BOUND, SCALE_BOUND]`` when a batch is
+#: built. Scores are float32: a penalty of 1e40 becomes ``inf`` there, a logit of 0 times it is NaN and the
+#: multinomial fails (the schema fuzz's request ``repetition_penalty=1e300`` did exactly this). Within the
+#: bound a logit of magnitude 1e4 divided by the penalty and by the smallest sampled temperature stays below
+#: 1e29, far inside float32's 3.4e38, and a penalty or temperature beyond it already acts as its limit
+#: (seen tokens always or never chosen; a uniform draw), so the clamp changes no outcome.
+SCALE_BOUND = 1e20
+
 
 @dataclass(frozen=True, slots=True)
 class SamplingSettings:
@@ -172,6 +180,11 @@ class TokenConstraint(Protocol):
         """Advance past ``token``, the row's chosen next token."""
 
 
+def _bounded(scale: float) -> float:
+    """``scale`` clamped into ``[1 / SCALE_BOUND, SCALE_BOUND]`` (see :data:`SCALE_BOUND`)."""
+    return min(max(scale, 1 / SCALE_BOUND), SCALE_BOUND)
+
+
 class RowSampler:
     """Chooses the next token of every row of a batch, each row under its own :class:`SamplingSettings`.
 
@@ -199,13 +212,13 @@ class RowSampler:
         self._device = device
         self._constraints = list(constraints) if constraints and any(c is not None for c in constraints) else None
         self._temperature = torch.tensor(
-            [s.temperature if not s.greedy else 1.0 for s in settings], device=device
+            [_bounded(s.temperature) if not s.greedy else 1.0 for s in settings], device=device
         )
         self._greedy = torch.tensor([s.greedy for s in settings], device=device)
         # top-k 0 (off) becomes the whole vocabulary so one gather serves every row.
         self._top_k = torch.tensor([s.top_k or vocab_size for s in settings], device=device)
         self._top_p = torch.tensor([s.top_p for s in settings], device=device)
-        self._penalty = torch.tensor([s.repetition_penalty for s in settings], device=device)
+        self._penalty = torch.tensor([_bounded(s.repetition_penalty) for s in settings], device=device)
         # A request with its own seed gets its own generator, so its samples do not depend on which other
         # requests share the batch; the rest draw, in row order, from the generator-wide stream.
         self._rngs = [
