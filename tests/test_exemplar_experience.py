@@ -1,6 +1,6 @@
 """Self-Navigating with exemplars (``exp_manager.experience_kind: exemplar``): solved episodes stored whole as
-worked examples, the most similar one injected in the environment's demonstration form, stripped again for
-"discard" training.
+worked examples, the most similar one injected as chat turns before the task's question (the environment's
+demonstration form), in two tool-call dialects, stripped again token for token for "discard" training.
 
 Everything is the product except the policy: the calc environment service and the memory service run as
 real subprocesses (``uvicorn`` behind their ``python -m`` entry points), episodes run through the real agent
@@ -35,7 +35,7 @@ from agentevolver.config.schema import ExpManagerSection
 from agentevolver.memory_service.exemplar import episode_messages, render_exemplar
 from agentevolver.models import resolve_model_path
 from agentevolver.module.agent_flow import AgentFlow, AgentFlowConfig, EpisodeResult, EpisodeSpec
-from agentevolver.module.exp_manager.retriever import ExperienceRetriever, format_experience
+from agentevolver.module.exp_manager.retriever import ExperienceRetriever
 from agentevolver.module.exp_manager.summarizer import BackgroundSummarizer, trajectories_from_records
 from agentevolver.module.tools import ToolRegistry
 from agentevolver.schema.memory_wire import memory_kind
@@ -44,7 +44,6 @@ from env_service.environments.calc.prompts import demonstrations
 from env_service.environments.calc.tasks import get_task
 
 MODEL = "smollm2-135m-instruct"
-TEMPLATE = compose_config([]).exp_manager.exemplar_template  # the shipped default
 SOLVED = ("train-single-000", "train-word-000", "train-convert-000")
 UNSOLVED = "train-word-002"
 SAMPLING = {"temperature": 1.0, "top_p": 1.0, "top_k": -1}
@@ -57,6 +56,16 @@ def tokenizer() -> Any:
 
 def call(name: str, arguments: dict[str, Any]) -> str:
     return "<tool_call>\n" + json.dumps({"name": name, "arguments": arguments}) + "\n</tool_call>"
+
+
+def qwen3_coder_call(name: str, arguments: dict[str, Any]) -> str:
+    """The same call in Qwen3-Coder's XML dialect (``agent_flow.tools.tool_parser: qwen3_coder``)."""
+    params = "".join(f"<parameter={key}>\n{value}\n</parameter>\n" for key, value in arguments.items())
+    return f"<tool_call>\n<function={name}>\n{params}</function>\n</tool_call>"
+
+
+#: tool-call dialect -> (the parser's config name, how the scripted policy writes a call in it)
+DIALECTS = {"hermes": ("hermes", call), "qwen3_coder": ("qwen3_coder", qwen3_coder_call)}
 
 
 class ScriptedPolicy:
@@ -74,10 +83,11 @@ class ScriptedPolicy:
         return TokenOutput(token_ids=ids, log_probs=[-0.1] * len(ids), stop_reason="completed")
 
 
-def solving(task_id: str, *, wrong_by: float = 0.0) -> list[str]:
+def solving(task_id: str, *, wrong_by: float = 0.0, dialect: str = "hermes") -> list[str]:
     """The two turns that solve a calc task (call its tool, report the result); ``wrong_by`` spoils the answer."""
     task = get_task(task_id)
-    return [call(task.solution["name"], task.solution["arguments"]), f"FINAL ANSWER: {task.answer + wrong_by:g}"]
+    write = DIALECTS[dialect][1]
+    return [write(task.solution["name"], task.solution["arguments"]), f"FINAL ANSWER: {task.answer + wrong_by:g}"]
 
 
 # ----------------------------------------------------------------------------------------- services
@@ -115,27 +125,29 @@ def client(url: str) -> MemoryClient:
 
 
 def retriever(url: str, workspace: str, top_k: int = 1) -> ExperienceRetriever:
-    return ExperienceRetriever(client(url), workspace_id=workspace, top_k=top_k, template=TEMPLATE, kind="exemplar")
+    return ExperienceRetriever(client(url), workspace_id=workspace, top_k=top_k, kind="exemplar")
 
 
-def flow(env: EnvClient, policy: ScriptedPolicy, experience: ExperienceRetriever | None = None) -> AgentFlow:
-    return AgentFlow(AgentFlowConfig.model_validate({"max_steps": 3}), tokenizer=tokenizer(), env_client=env,
+def flow(env: EnvClient, policy: ScriptedPolicy, experience: ExperienceRetriever | None = None,
+         dialect: str = "hermes") -> AgentFlow:
+    config = {"max_steps": 3, "tools": {"tool_parser": DIALECTS[dialect][0]}}
+    return AgentFlow(AgentFlowConfig.model_validate(config), tokenizer=tokenizer(), env_client=env,
                      generate=policy.generate, max_model_len=4096, tool_registry=ToolRegistry(),
                      retriever=experience)
 
 
 async def episode(env: EnvClient, task_id: str, replies: list[str], *, experience: ExperienceRetriever | None = None,
-                  **fields: Any) -> tuple[EpisodeResult, ScriptedPolicy]:
+                  dialect: str = "hermes", **fields: Any) -> tuple[EpisodeResult, ScriptedPolicy]:
     policy = ScriptedPolicy(replies)
     spec = EpisodeSpec(task_id=task_id, env_type="calc", group_id=fields.pop("group_id", task_id),
                        env_params={"demos": 2}, **fields)
-    return await flow(env, policy, experience).run(spec, SAMPLING), policy
+    return await flow(env, policy, experience, dialect).run(spec, SAMPLING), policy
 
 
-async def fill(env: EnvClient, url: str, workspace: str) -> list[dict[str, Any]]:
+async def fill(env: EnvClient, url: str, workspace: str, dialect: str = "hermes") -> list[dict[str, Any]]:
     """Roll out the solved tasks and the unsolved one; send them as the trainer does (exemplar mode)."""
-    runs = [await episode(env, t, solving(t)) for t in SOLVED] + [
-        await episode(env, UNSOLVED, solving(UNSOLVED, wrong_by=10))]
+    runs = [await episode(env, t, solving(t, dialect=dialect), dialect=dialect) for t in SOLVED] + [
+        await episode(env, UNSOLVED, solving(UNSOLVED, wrong_by=10, dialect=dialect), dialect=dialect)]
     results = [r for r, _ in runs]
     assert [r.success for r in results] == [True, True, True, False]
     records = [r.to_dump_record(step=1) for r in results]
@@ -221,7 +233,28 @@ async def test_the_most_similar_solved_episode_is_retrieved_as_a_worked_example(
     for query, task_id in cases.items():
         got = await retriever(memory.url, "ex-retrieve").for_episode(f"g-{task_id}", [
             ChatMessage(role="system", content="You are a math assistant."), ChatMessage(role="user", content=query)])
-        assert got.error is None and got.experience == format_experience(TEMPLATE, stored[task_id].content), query
+        expected = [ChatMessage.model_validate(m) for m in stored[task_id].metadata["messages"]]
+        assert got.error is None and got.experience == expected, query  # the stored messages, as turns
+        assert [m.role for m in expected] == ["user", "assistant", "tool", "assistant"]
+
+
+async def test_an_episode_is_never_shown_its_own_tasks_exemplar(env: EnvClient, memory: Service) -> None:
+    """Its own task is excluded by id (the service's ``exclude_task_ids``) and by text (memories without an
+    id); the next most similar solved task is retrieved instead, and top_k puts the most similar last."""
+    await fill(env, memory.url, "ex-self")
+    own = get_task("train-word-000")
+    opening = [ChatMessage(role="user", content=own.query)]
+    by_id = await retriever(memory.url, "ex-self").for_episode("g1", opening, task_id=own.task_id)
+    assert by_id.experience and by_id.experience[0].content != own.query
+    raw = client(memory.url).retrieve("ex-self", own.query, top_k=3, experience_kind="exemplar",
+                                      exclude_task_ids=[own.task_id])
+    assert own.task_id not in {m.metadata["task_id"] for m in raw.metadata.memory_list}
+    by_text = await retriever(memory.url, "ex-self", top_k=3).for_episode("g2", opening)  # no task id sent
+    questions = [m.content for m in by_text.experience or [] if m.role == "user"]
+    assert own.query not in questions and len(questions) == 2
+    nearest = client(memory.url).retrieve("ex-self", own.query, top_k=3, experience_kind="exemplar")
+    order = [m.when_to_use for m in nearest.metadata.memory_list if m.when_to_use != own.query]
+    assert questions == order[::-1]  # the most similar next to the question
 
 
 async def test_advice_and_exemplars_share_a_workspace_and_old_requests_see_both(
@@ -248,31 +281,66 @@ async def test_advice_and_exemplars_share_a_workspace_and_old_requests_see_both(
 # ----------------------------------------------------------------------------------------- inject and strip
 
 
+@pytest.mark.parametrize("dialect", sorted(DIALECTS))
 @pytest.mark.parametrize("train_mode", ["keep", "discard"])
-async def test_the_exemplar_is_in_the_prompt_and_only_discard_strips_it_for_training(
-        env: EnvClient, memory: Service, train_mode: str) -> None:
-    await fill(env, memory.url, "ex-inject")
+async def test_the_exemplar_is_turns_before_the_question_and_discard_strips_them_token_exactly(
+        env: EnvClient, memory: Service, train_mode: str, dialect: str) -> None:
+    workspace = f"ex-inject-{dialect}"
+    await fill(env, memory.url, workspace, dialect)
     task = "train-word-001"  # not stored: the exemplar comes from a similar solved task
-    guided, policy = await episode(env, task, solving(task), experience=retriever(memory.url, "ex-inject"),
-                                   add_experience=True, train_mode=train_mode, group_id=f"g-{train_mode}")
-    plain, _ = await episode(env, task, solving(task), group_id=f"plain-{train_mode}")
+    guided, policy = await episode(env, task, solving(task, dialect=dialect), dialect=dialect,
+                                   experience=retriever(memory.url, workspace), add_experience=True,
+                                   train_mode=train_mode, group_id=f"g-{train_mode}-{dialect}")
+    plain, plain_policy = await episode(env, task, solving(task, dialect=dialect), dialect=dialect,
+                                        group_id=f"plain-{train_mode}-{dialect}")
     assert guided.success and guided.metrics["exp/injected"] == 1.0
-    exemplar = next(m["content"] for m in guided.messages if m["author"] == "experience")
-    assert exemplar.startswith(TEMPLATE.split("{}")[0] + "user: ") and "FINAL ANSWER" in exemplar
-    worked = exemplar[len(TEMPLATE.split("{}")[0]):].split("\n\nNow solve")[0]
-    generated_from = tokenizer().decode(policy.prompts[0])
-    assert f"{get_task(task).query}{exemplar}<|im_end|>" in generated_from  # right after the task, in its turn
+    turns = [m for m in guided.messages if m["author"] == "experience"]
+    assert [m["role"] for m in turns] == ["user", "assistant", "tool", "assistant"]
+    assert turns[1]["content"].startswith(DIALECTS[dialect][1]("calculator", {})[:12])  # the policy's dialect
+    assert "tool_calls" not in turns[1]  # the generated text holds the call: not shown twice
+    # The prompt it generated from: opening demonstrations, the exemplar's turns, then the question.
+    opening = [ChatMessage.model_validate({k: v for k, v in m.items() if k in ("role", "content", "tool_calls",
+                                                                              "tool_call_id", "name")})
+               for m in guided.messages if m.get("step", -1) < 0]
+    expected = tokenizer().apply_chat_template([m.model_dump(exclude_none=True) for m in opening],
+                                               tools=await env.atools("calc"), tokenize=False,
+                                               add_generation_prompt=True)
+    assert tokenizer().decode(policy.prompts[0]) == expected
+    assert opening[-1].content == get_task(task).query and opening[-5].content == turns[0]["content"]
 
     sample, reference = guided.final_sample, plain.final_sample
-    trained = tokenizer().decode(sample.prompt_ids)
     assert sample.response_ids == reference.response_ids
-    if train_mode == "discard":
-        assert worked not in trained and "A solved example" not in trained
-        assert sample.prompt_ids == reference.prompt_ids and sample.exp_mask is True  # token for token
+    if train_mode == "discard":  # the trained sample is the episode as it would have been without them
+        assert sample.prompt_ids == reference.prompt_ids and sample.exp_mask is True
+        assert sample.prompt_ids == plain_policy.prompts[0]
     else:
-        assert worked in trained and sample.exp_mask is False
+        assert sample.exp_mask is False and sample.prompt_ids == policy.prompts[0]
         start, end = sample.extras["experience_span"]
-        assert tokenizer().decode(sample.prompt_ids[start:end]) == exemplar
+        assert sample.prompt_ids[:start] + sample.prompt_ids[end:] == reference.prompt_ids
+        shown = tokenizer().decode(sample.prompt_ids[start:end])
+        assert shown.startswith("<|im_start|>user\n" + turns[0]["content"]) and shown.endswith("<|im_end|>\n")
+
+
+def test_exemplar_turns_in_the_demonstration_form_are_rendered_by_the_template_and_stripped_exactly() -> None:
+    """Turns whose calls are only ``tool_calls`` (calc's demonstration form, or another dialect's memory) are
+    written by the chat template in its own dialect; the span cut equals the rendering without them."""
+    from agentevolver.module.context_manager import make_context_manager
+
+    opening = [ChatMessage(role="system", content="You are a math assistant."),
+               ChatMessage(role="user", content="What is 7 * 6?")]
+    demo = demonstrations(2)[4:]
+    cm = make_context_manager("linear", tokenizer(), {"max_model_len": 4096})
+    ids = cm.start(opening, experience=demo)
+    rendered = tokenizer().apply_chat_template([m.model_dump(exclude_none=True) for m in [opening[0], *demo,
+                                                opening[1]]], tokenize=False, add_generation_prompt=True)
+    assert tokenizer().decode(ids) == rendered and '"name": "calculator"' in rendered
+    bare = make_context_manager("linear", tokenizer(), {"max_model_len": 4096}).start(opening)
+    start, end = cm.results()[0].experience_span
+    assert ids[:start] + ids[end:] == bare
+    assert cm.results(strip_experience=True)[0].prompt_ids == bare
+    with pytest.raises(ValueError, match="before the task's question"):
+        make_context_manager("linear", tokenizer(), {"max_model_len": 4096}).start(
+            [*opening, ChatMessage(role="assistant", content="hi")], experience=demo)
 
 
 # ----------------------------------------------------------------------------------------- the switch
@@ -289,15 +357,16 @@ def test_the_switch_is_validated_naming_the_key() -> None:
     assert ExpManagerSection.model_validate(_exp_section(experience_kind="exemplar")).experience_kind == "exemplar"
     with pytest.raises(ValidationError, match="experience_kind"):
         ExpManagerSection.model_validate(_exp_section(experience_kind="demos"))
-    with pytest.raises(ValidationError, match=r"exp_manager\.exemplar_template must contain '\{\}'"):
-        ExpManagerSection.model_validate(_exp_section(exemplar_template="no slot"))
+    with pytest.raises(ValidationError, match=r"exp_manager\.experience_template must contain '\{\}'"):
+        ExpManagerSection.model_validate(_exp_section(experience_template="no slot"))
 
 
 def test_the_retriever_follows_the_switch() -> None:
-    cfg = compose_config(["exp_manager.experience_kind=exemplar"])
-    picked = ExperienceRetriever.from_config(cfg)
-    assert (picked.kind, picked.template) == ("exemplar", cfg.exp_manager.exemplar_template)
+    picked = ExperienceRetriever.from_config(compose_config(["exp_manager.experience_kind=exemplar"]))
+    assert picked.kind == "exemplar"
     default = ExperienceRetriever.from_config(compose_config([]))
-    assert (default.kind, default.template) == ("advice", cfg.exp_manager.experience_template)
+    assert (default.kind, default.template) == ("advice", compose_config([]).exp_manager.experience_template)
     with pytest.raises(ValueError, match="experience_kind must be one of advice, exemplar"):
         ExperienceRetriever(picked.client, workspace_id="w", top_k=1, template="{}", kind="demos")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=r"experience_template must contain '\{\}'"):
+        ExperienceRetriever(picked.client, workspace_id="w", top_k=1, template="no slot")

@@ -78,6 +78,19 @@ def test_episode_metrics_hand_example() -> None:
     assert metrics["episode/env_errors"] == 1.0 and metrics["episode/parse_errors"] == 2.0
     assert metrics["episode/tool_calls"] == 3.0
     assert episode_metrics({}) == {}
+    assert "exp/success_with_experience" not in metrics  # no episode of the batch reported experience
+
+
+def test_success_with_and_without_experience_in_one_batch() -> None:
+    batch = {
+        "termination": np.array(["finished"] * 4, dtype=object),
+        "reward_success_rate": np.array([1.0, 1.0, 0.0, 1.0]),
+        "episode_metrics": np.array([{"exp/injected": 1.0}, {"exp/injected": 1.0}, {"exp/injected": 0.0},
+                                     {"exp/injected": 0.0}], dtype=object),
+    }
+    metrics = episode_metrics(batch)
+    assert metrics["exp/success_with_experience"] == 1.0 and metrics["exp/success_without_experience"] == 0.5
+    assert metrics["exp/injected_share"] == 0.5
 
 
 def test_dump_records_carry_each_episodes_advantages(tmp_path: Path) -> None:

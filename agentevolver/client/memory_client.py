@@ -133,7 +133,7 @@ class MemoryClient(ServiceClient):
 
     @staticmethod
     def _retrieve_body(workspace_id: str, query: str, top_k: int | None,
-                       **flags: bool | str | None) -> dict[str, Any]:
+                       **flags: bool | str | list[str] | None) -> dict[str, Any]:
         request = RetrieveRequest(workspace_id=workspace_id, query=query, top_k=top_k, **flags)
         return request.model_dump(mode="json", exclude_none=True)
 
@@ -149,11 +149,13 @@ class MemoryClient(ServiceClient):
 
     def retrieve(self, workspace_id: str, query: str, top_k: int | None = None, *,
                  enable_llm_rerank: bool | None = None, enable_llm_rewrite: bool | None = None,
-                 experience_kind: ExperienceKind | None = None) -> RetrieveResponse:
+                 experience_kind: ExperienceKind | None = None,
+                 exclude_task_ids: Sequence[str] | None = None) -> RetrieveResponse:
         """The workspace's experiences most related to ``query`` (only those of ``experience_kind`` when
-        given); ``.answer`` is the text to inject."""
+        given, none of the tasks in ``exclude_task_ids``); ``.answer`` is the text to inject."""
         body = self._retrieve_body(workspace_id, query, top_k, enable_llm_rerank=enable_llm_rerank,
-                                   enable_llm_rewrite=enable_llm_rewrite, experience_kind=experience_kind)
+                                   enable_llm_rewrite=enable_llm_rewrite, experience_kind=experience_kind,
+                                   exclude_task_ids=list(exclude_task_ids) if exclude_task_ids else None)
         return self._parse("/retrieve_task_memory",
                            self._send("POST", "/retrieve_task_memory", idempotent=True, json=body),
                            RetrieveResponse)
@@ -218,9 +220,11 @@ class MemoryClient(ServiceClient):
     async def aretrieve(self, workspace_id: str, query: str, top_k: int | None = None, *,
                         enable_llm_rerank: bool | None = None,
                         enable_llm_rewrite: bool | None = None,
-                        experience_kind: ExperienceKind | None = None) -> RetrieveResponse:
+                        experience_kind: ExperienceKind | None = None,
+                        exclude_task_ids: Sequence[str] | None = None) -> RetrieveResponse:
         body = self._retrieve_body(workspace_id, query, top_k, enable_llm_rerank=enable_llm_rerank,
-                                   enable_llm_rewrite=enable_llm_rewrite, experience_kind=experience_kind)
+                                   enable_llm_rewrite=enable_llm_rewrite, experience_kind=experience_kind,
+                                   exclude_task_ids=list(exclude_task_ids) if exclude_task_ids else None)
         response = await self._asend("POST", "/retrieve_task_memory", idempotent=True, json=body)
         return self._parse("/retrieve_task_memory", response, RetrieveResponse)
 

@@ -123,7 +123,6 @@ class ExpManagerSection(_Section):
     train_sample_keepratio: float = Field(ge=0.0, le=1.0)
     experience_kind: Literal["advice", "exemplar"]
     experience_template: str
-    exemplar_template: str
     off_cliprange_high: float = Field(gt=0.0)
     init_exp_before_training: bool
     init_exp_max_tasks: int | None = Field(ge=1)
@@ -133,10 +132,9 @@ class ExpManagerSection(_Section):
 
     @model_validator(mode="after")
     def _template_has_slot(self) -> ExpManagerSection:
-        for key in ("experience_template", "exemplar_template"):
-            if "{}" not in getattr(self, key):
-                raise ValueError(f"exp_manager.{key} must contain '{{}}' where the retrieved experience goes; "
-                                 f"got {getattr(self, key)!r}")
+        if "{}" not in self.experience_template:
+            raise ValueError("exp_manager.experience_template must contain '{}' where the retrieved experience "
+                             f"goes; got {self.experience_template!r}")
         return self
 
 

@@ -8,8 +8,10 @@ needs no LLM at all.
 
 An exemplar is an ordinary ReMe task memory (so listing, dump/load, copy and export keep working and a ReMe
 client sees a normal memory): ``when_to_use`` is the task's text (what retrieval compares the new task's
-text with), ``content`` is the episode rendered in the demonstration form (:func:`render_exemplar`, what is
-injected), and ``metadata`` holds ``kind: "exemplar"``, the episode's messages, its score and task id.
+text with), ``content`` is the episode as readable text (:func:`render_exemplar`: what listings and a ReMe
+client's ``answer`` show), and ``metadata`` holds ``kind: "exemplar"``, the episode's messages, its score and
+task id. The trainer injects the *messages*, as chat turns rendered by the policy's own chat template
+(:func:`agentevolver.module.exp_manager.retriever.exemplar_turns`), never the text.
 Memories without ``metadata.kind`` are advice; the kinds themselves are part of the wire contract
 (:mod:`agentevolver.schema.memory_wire`).
 
@@ -71,13 +73,13 @@ def _turn(message: ChatMessage, max_message_chars: int) -> tuple[str, str]:
 
 
 def render_exemplar(messages: Sequence[ChatMessage], *, max_message_chars: int = 2000) -> str:
-    """A solved episode in the form of the environment's demonstrations, as one block of text.
+    """A solved episode in the form of the environment's demonstrations, as one block of readable text.
 
     The environments open an episode with worked examples as real chat turns (calc: user question,
     assistant ``<tool_call>``, the tool's ``<tool_response>``, assistant ``FINAL ANSWER``), and the chat
-    template shows each turn as ``<|im_start|>role\\n<text><|im_end|>``. An exemplar is injected as text
-    inside the task message, where turn markers cannot appear (they would be tokenised as special tokens),
-    so each turn becomes ``role: <text>`` with exactly the text the template shows for it: the assistant's
+    template shows each turn as ``<|im_start|>role\\n<text><|im_end|>``. As text (a listing, a ReMe
+    client's answer) turn markers cannot appear, so each turn becomes ``role: <text>`` with exactly the text
+    the template shows for it: the assistant's
     generated text (its tool calls as generated, or rendered like the template when the message only has
     ``tool_calls``), tool results as ``<tool_response>`` blocks. One message longer than
     ``max_message_chars`` keeps its head and tail.
@@ -93,7 +95,7 @@ def render_exemplar(messages: Sequence[ChatMessage], *, max_message_chars: int =
 def format_exemplars(memories: Sequence[Any]) -> str:
     """Retrieved exemplars as the text to inject: their contents, most similar first, with no header.
 
-    No "Experience 1 (applies when: ...)" framing as advice gets: that framing is what the small model
-    imitated instead of solving its task; the trainer's ``exp_manager.exemplar_template`` says what it is.
+    No "Experience 1 (applies when: ...)" framing as advice gets. This is the ``answer`` of a retrieval for
+    clients that read text; the trainer reads each memory's messages instead.
     """
     return "\n\n".join(memory.content for memory in memories)

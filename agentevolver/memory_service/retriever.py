@@ -136,7 +136,8 @@ class Retriever:
 
         vector = await self.embed_query(query)
         recall = top_k * s.recall_multiplier if rerank else top_k
-        hits = await self._search(request.workspace_id, vector, recall, request.experience_kind)
+        hits = await self._search(request.workspace_id, vector, recall, request.experience_kind,
+                                  frozenset(request.exclude_task_ids or ()))
         if s.min_similarity is not None:
             hits = [h for h in hits if h.similarity >= s.min_similarity]
         if rerank and len(hits) > 1:
@@ -159,17 +160,23 @@ class Retriever:
                 meta.notes.append("the rewrite reply was empty; the experiences are returned as stored")
         return RetrieveResponse(answer=answer, metadata=meta)
 
-    async def _search(self, workspace_id: str, vector: np.ndarray, k: int,
-                      kind: ExperienceKind | None) -> list[SearchHit]:
-        """The ``k`` nearest memories, of ``kind`` only when one is asked for (recall widened x4 per round)."""
-        if kind is None:
+    async def _search(self, workspace_id: str, vector: np.ndarray, k: int, kind: ExperienceKind | None,
+                      excluded_tasks: frozenset[str] = frozenset()) -> list[SearchHit]:
+        """The ``k`` nearest memories, of ``kind`` only when one is asked for and of none of the excluded
+        tasks (the recall is widened x4 per round until ``k`` are found or the workspace is exhausted)."""
+        if kind is None and not excluded_tasks:
             return await asyncio.to_thread(self.store.search, workspace_id, vector, k)
+
+        def wanted(hit: SearchHit) -> bool:
+            return ((kind is None or memory_kind(hit.memory) == kind)
+                    and str(hit.memory.metadata.get("task_id", "")) not in excluded_tasks)
+
         total = await asyncio.to_thread(self.store.count, workspace_id)
         recall = k
         while True:
             recall = min(recall * 4, total)
             hits = await asyncio.to_thread(self.store.search, workspace_id, vector, recall)
-            found = [h for h in hits if memory_kind(h.memory) == kind]
+            found = [h for h in hits if wanted(h)]
             if len(found) >= k or recall >= total:
                 return found[:k]
 

@@ -213,6 +213,11 @@ class RetrieveRequest(BaseModel):
         description="Only memories of this kind (exemplar: answered as worked examples, never rewritten); "
         "null = every memory of the workspace, as ReMe.",
     )
+    exclude_task_ids: list[str] | None = Field(
+        default=None,
+        description="Never return a memory whose metadata.task_id is one of these (an episode must not be "
+        "shown its own task's solved episode); null = no exclusion, as ReMe.",
+    )
 
     _workspace = field_validator("workspace_id")(_check_workspace_id)
 

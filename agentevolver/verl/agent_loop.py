@@ -228,8 +228,10 @@ def to_agent_loop_output(result: EpisodeResult, tokenizer: Any, response_length:
         "other_samples": [_sample_fields(other) for other in result.samples[:-1]],
         "episode_metrics": result.metrics,
         "episode_record": record,
-        # verl turns these into validation metrics per data source: acc/mean@k (avg@k) and acc/best@k.
-        "reward_extra_info": {"acc": result.reward.success_rate, "outcome": result.reward.outcome},
+        # verl turns these into validation metrics per data source: acc/mean@k (avg@k) and acc/best@k;
+        # experience/mean@k is the share of validation episodes that ran with experience (Self-Navigating).
+        "reward_extra_info": {"acc": result.reward.success_rate, "outcome": result.reward.outcome,
+                              "experience": float(result.metrics.get("exp/injected", 0.0))},
     }
     return AgentLoopOutput(
         prompt_ids=prompt_ids,

@@ -34,6 +34,7 @@ from agentevolver.module.context_manager import (
     ContextMessage,
     make_context_manager,
 )
+from agentevolver.module.exp_manager.retriever import in_policy_dialect
 from agentevolver.module.tools import (
     ParsedAction,
     ToolRegistry,
@@ -337,16 +338,20 @@ class AgentFlow:
                               "(agent_flow.tool_modules); rename the local tool(s)")
         return [*env_tools, *local]
 
-    async def _experience(self, spec: EpisodeSpec, initial: list[ChatMessage], state: _EpisodeState) -> str | None:
-        """The experience text of this episode: the spec's own, or retrieved for its task when the plan says
-        so (Self-Navigating); a failed retrieval means none, counted in ``exp/retrieve_errors``."""
-        experience = spec.experience
+    async def _experience(self, spec: EpisodeSpec, initial: list[ChatMessage],
+                          state: _EpisodeState) -> str | list[ChatMessage] | None:
+        """The experience of this episode: the spec's own text, or retrieved for its task when the plan says
+        so (Self-Navigating: advice text, or exemplar turns in the policy's tool-call dialect); a failed
+        retrieval means none, counted in ``exp/retrieve_errors``."""
+        experience: str | list[ChatMessage] | None = spec.experience
         if experience is None and spec.add_experience and self.retriever is not None:
-            retrieval = await self.retriever.for_episode(spec.group_id, initial)
+            retrieval = await self.retriever.for_episode(spec.group_id, initial, task_id=spec.task_id)
             state.timers["memory_s"] += retrieval.seconds
             state.retrieve_errors += retrieval.error is not None
             experience = retrieval.experience
-        state.experience_injected = experience is not None
+            if isinstance(experience, list):
+                experience = in_policy_dialect(experience, self.parser)
+        state.experience_injected = bool(experience)
         return experience
 
     @staticmethod

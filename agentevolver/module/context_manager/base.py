@@ -105,13 +105,18 @@ class ContextManager(ABC):
 
     # ------------------------------------------------------------------ the episode
     def start(
-        self, messages: Sequence[ChatMessage | Mapping[str, Any]], experience: str | None = None
+        self,
+        messages: Sequence[ChatMessage | Mapping[str, Any]],
+        experience: str | Sequence[ChatMessage | Mapping[str, Any]] | None = None,
     ) -> list[int]:
-        """Record the environment's opening messages (plus experience text appended to the last one) and
-        return the first prompt's ids, generation header included.
+        """Record the environment's opening messages and the episode's experience, and return the first
+        prompt's ids, generation header included.
 
-        The experience is tokenised as its own span and recorded (``ContextResult.experience_span``);
-        ``results(strip_experience=True)`` re-renders each prompt without it for training.
+        ``experience`` is text appended to the last opening message (advice), or whole chat turns inserted
+        right before it (exemplars: a solved episode of a similar task, shown as the environment's own
+        demonstrations are, just before the task's question). Either way it is recorded as its token span
+        (``ContextResult.experience_span``); ``results(strip_experience=True)`` re-renders each prompt
+        without it for training.
         """
         self._expect("new", "start()")
         chat = [as_chat_message(message) for message in messages]
@@ -120,10 +125,17 @@ class ContextManager(ABC):
         self._initial = [
             ContextMessage(message, Author.SYSTEM if message.role == "system" else Author.ENV) for message in chat
         ]
-        if experience:
-            self._initial.append(ContextMessage(
-                ChatMessage(role=chat[-1].role, content=experience), Author.EXPERIENCE, join_previous=True
-            ))
+        if isinstance(experience, str):
+            if experience:
+                self._initial.append(ContextMessage(
+                    ChatMessage(role=chat[-1].role, content=experience), Author.EXPERIENCE, join_previous=True
+                ))
+        elif experience:
+            if chat[-1].role != "user":
+                raise ValueError(f"experience turns go before the task's question, the last opening message, "
+                                 f"which must be a user message; it is a {chat[-1].role!r} message")
+            turns = [ContextMessage(as_chat_message(m), Author.EXPERIENCE) for m in experience]
+            self._initial[-1:-1] = turns
         rendered = self.next_context()
         self._timelines.append(self._fresh_timeline(rendered))
         self._exhausted_reason = self._overflow(len(rendered.ids), 0, prompt_len=len(rendered.ids))

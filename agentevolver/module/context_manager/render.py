@@ -155,7 +155,35 @@ class ContextRenderer:
                 f"the chat template dropped the content of message(s) {missing}; token-in/token-out needs a "
                 "template that renders every message's content"
             )
+        turns = [i for i, m in enumerate(items) if m.author is Author.EXPERIENCE and not m.join_previous]
+        if turns:
+            spans.append((turns[0], *self._turns_span(items, ids, add_generation_prompt)))
         return RenderedContext(ids=ids, spans=spans, items=items)
+
+    def _turns_span(self, items: tuple[ContextMessage, ...], ids: list[int],
+                    add_generation_prompt: bool) -> tuple[int, int]:
+        """``[start, end)`` of the experience given as whole turns (exemplars), headers and closings included.
+
+        Markers cannot mark them: a turn's header and closing are the template's, outside any content.
+        Rendering the items without the turns gives ``without``; the span is the run of tokens whose cut
+        leaves exactly ``without``. Several runs can do that when the turns' first header repeats the
+        question's (ChatML: ``<|im_start|>user``), so the one that starts where the messages before the turns
+        end (their own rendering, a prefix of ``ids`` for ChatML-like templates) is taken; a template for
+        which that run does not cut cleanly gets the run after the longest common prefix, which always does.
+        """
+        is_turn = [m.author is Author.EXPERIENCE and not m.join_previous for m in items]
+        without = self.render([m for m, turn in zip(items, is_turn, strict=True) if not turn],
+                              add_generation_prompt).ids
+        added = len(ids) - len(without)
+        first = is_turn.index(True)
+        before = self.render(items[:first], add_generation_prompt=False).ids if first else []
+        start = len(before)
+        if ids[:start] == before and ids[:start] + ids[start + added:] == without:
+            return start, start + added
+        start = 0
+        while start < len(without) and ids[start] == without[start]:
+            start += 1
+        return start, start + added
 
     def _chunk(self, text: str, closing_eos: bool) -> list[int]:
         """Ids of one text chunk; after a generation that ended with EOS, the template's EOS is dropped."""

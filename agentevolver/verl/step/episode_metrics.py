@@ -61,4 +61,21 @@ def episode_metrics(non_tensor_batch: Mapping[str, Any]) -> dict[str, float]:
             out[name] = float(np.mean(values))
     for key, name in _SUMS.items():
         out[name] = float(sum(float(m.get(key, 0.0)) for m in per_episode))
+    out.update(_success_by_experience(non_tensor_batch))
     return out
+
+
+def _success_by_experience(non_tensor_batch: Mapping[str, Any]) -> dict[str, float]:
+    """Self-Navigating: success of the episodes that ran with experience and of those without, in the same
+    batch (``mixed`` gives both within each group); only when the batch holds episodes of both kinds."""
+    successes, metrics = non_tensor_batch.get("reward_success_rate"), non_tensor_batch.get("episode_metrics")
+    if successes is None or metrics is None:
+        return {}
+    split: dict[bool, list[float]] = {True: [], False: []}
+    for success, episode in zip(successes, metrics, strict=True):
+        if isinstance(episode, Mapping) and "exp/injected" in episode:
+            split[bool(episode["exp/injected"])].append(float(success))
+    if not split[True] or not split[False]:
+        return {}
+    return {"exp/success_with_experience": float(np.mean(split[True])),
+            "exp/success_without_experience": float(np.mean(split[False]))}
