@@ -239,8 +239,9 @@ def _explorer(body: dict[str, Any]) -> str:
     return EXPLORER_STEPS[min(done, len(EXPLORER_STEPS) - 1)]
 
 
-def _cli(calc: str, scripted: ScriptedOpenAIServer, tmp_path: Path, *extra: str) -> subprocess.CompletedProcess[str]:
-    args = ["--no-progress", "--summary-json", str(tmp_path / "summary.json"),
+def _cli(calc: str, scripted: ScriptedOpenAIServer, tmp_path: Path, *extra: str,
+         options: tuple[str, ...] = ()) -> subprocess.CompletedProcess[str]:
+    args = [*options, "--no-progress", "--summary-json", str(tmp_path / "summary.json"),
             "env_service.env_type=calc", f"env_service.env_url={calc}", "env_service.max_retries=0",
             f"llm.endpoints.local.base_url={scripted.base_url}", "llm.endpoints.local.max_retries=0",
             "llm.endpoints.local.backoff_initial_s=0", "llm.endpoints.local.backoff_max_s=0",
@@ -331,3 +332,40 @@ def test_the_few_seed_regime_seeds_are_the_capped_training_tasks(calc: str) -> N
         train = [row["task_id"] for row in tasks_from_env_service(env, "calc", settings.env_service.train_split, 8)]
         val = [row["task_id"] for row in tasks_from_env_service(env, "calc", settings.env_service.val_split, -1)]
     assert seeds == train and len(seeds) == 8 and not set(seeds) & set(val)
+
+
+def _own_expression_explorer(body: dict[str, Any]) -> str:
+    """Plays the explorer as SmolLM2-135M did (docs/experiments.md): it computes the seed task's own
+    solution, then answers. The seed is recognised by its question among the request's user messages."""
+    from env_service.environments.calc.tasks import _all_tasks
+
+    if EXPLORING not in body["messages"][0]["content"]:
+        return "not an explorer request"
+    if any(m["role"] == "tool" for m in body["messages"][-2:]):
+        return "FINAL ANSWER: 1"
+    queries = {task.query: task for task in _all_tasks().values() if task.split == "train"}
+    seed = next(queries[m["content"]] for m in reversed(body["messages"])
+                if m["role"] == "user" and m.get("content") in queries)
+    return "<tool_call>\n" + json.dumps(seed.solution) + "\n</tool_call>"
+
+
+@pytest.mark.parametrize(("config_name", "expect_tasks"), [("quickstart_hard", True), ("quickstart", False)])
+def test_the_hard_presets_few_seeds_give_the_sq_arm_synthetic_tasks(
+        calc: str, scripted_llm: ScriptedOpenAIServer, tmp_path: Path, config_name: str, expect_tasks: bool) -> None:
+    """The sq arm's setting (8 seeds, writer=env) on each preset's training split, explored by a policy that
+    only recomputes each seed's own solution: on the quickstart's single+chain seeds that is the question
+    itself (a seed copy, nothing written: the old ablation's 0 synthetic tasks); on the hard levels' word
+    problems the expression is not in the question, so calc renders it as a new proved task."""
+    scripted_llm.respond_with(_own_expression_explorer)
+    result = _cli(calc, scripted_llm, tmp_path, "task_manager.writer=env", "task_manager.num_seed_tasks=8",
+                  "data.train_max_samples=8", "task_manager.max_explore_step=3", "task_manager.post_filters=[]",
+                  options=("--config-name", config_name))
+    assert result.returncode == 0, result.stderr + result.stdout
+    written = read_objectives(tmp_path / "tasks.jsonl")
+    counts = json.loads((tmp_path / "summary.json").read_text())["counts"]
+    if expect_tasks:
+        assert len(written) >= 3, counts
+        assert all(o.task.evaluator == "reference" for o in written)
+        assert {o.seed_task_id.split("-")[1] for o in written} <= {"word", "distractor", "convert", "chain"}
+    else:
+        assert written == [] and counts["env_seed_copies"] >= 1, counts

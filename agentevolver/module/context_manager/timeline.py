@@ -72,8 +72,9 @@ class Timeline:
     def prompt_messages_without_experience(self) -> list[ContextMessage]:
         """The prompt's items minus the injected experience: what the prompt would have been without it.
 
-        The experience is a ``join_previous`` span appended to an opening message, so dropping the item leaves
-        that message (and any other span joined to it, e.g. ``linear_think``'s hint) exactly as it was.
+        The experience is a ``join_previous`` span appended to an opening message (advice) or whole turns
+        before the task's question (exemplars); dropping its items leaves every other message (and any other
+        span joined to one, e.g. ``linear_think``'s hint) exactly as it was.
         """
         return [item for item in self.prompt_messages if item.author is not Author.EXPERIENCE]
 

@@ -31,13 +31,16 @@ from env_service.environments.calc.units import UNITS, convert
 from env_service.errors import UnknownTask
 
 LEVELS: tuple[str, ...] = ("single", "chain", "word", "distractor", "convert")
-#: Tasks per level in each split: train/val/test = 300/60/60, the same level mix in each. Weighted toward the
-#: levels the untrained model can do, so that the overall baseline lands in the useful 25-45% band while
-#: the hard levels keep a share (they are where training has room to improve).
+#: Tasks per level in each split: train/val/test = 300/120/120. Training is weighted toward the levels the
+#: untrained model can do, so that the overall baseline lands in the useful 25-45% band while the hard levels
+#: keep a share (they are where training has room to improve). val and test hold 30 of each of word,
+#: distractor and convert, so that the hard-level benchmark (chain+word+distractor+convert: 102 tasks) can
+#: tell a few points apart; their single and chain counts are those of the quickstart's val/single+chain.
+#: Growing a size appends tasks to that (level, split) stream: every earlier id keeps its task.
 SPLIT_SIZES: dict[str, dict[str, int]] = {
     "train": {"single": 90, "chain": 60, "word": 60, "distractor": 40, "convert": 50},
-    "val": {"single": 18, "chain": 12, "word": 12, "distractor": 8, "convert": 10},
-    "test": {"single": 18, "chain": 12, "word": 12, "distractor": 8, "convert": 10},
+    "val": {"single": 18, "chain": 12, "word": 30, "distractor": 30, "convert": 30},
+    "test": {"single": 18, "chain": 12, "word": 30, "distractor": 30, "convert": 30},
 }
 SPLITS: tuple[str, ...] = tuple(SPLIT_SIZES)
 #: Absolute tolerance of answers that are exact (integers and exact decimals).
