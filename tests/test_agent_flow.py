@@ -534,6 +534,21 @@ def test_episode_spec_from_row_errors_name_the_field() -> None:
     assert (built.group_id, built.rollout_id) == ("u", 2)
 
 
+def test_the_experience_plan_reaches_the_episode_under_one_name() -> None:
+    """The experience manager's row columns are the EpisodeSpec fields they become, with the same types."""
+    import numpy as np
+
+    from agentevolver.module.exp_manager.manager import PLAN_COLUMNS
+
+    assert set(PLAN_COLUMNS) <= set(EpisodeSpec.model_fields)
+    row = {"task": {"task_id": "a", "env_type": "echo"}, "uid": "u", "add_experience": np.bool_(True),
+           "train_mode": "discard"}
+    built = episode_spec_from_row(row)
+    assert (built.add_experience, built.train_mode) == (True, "discard")
+    with pytest.raises(ValueError, match="train_mode"):
+        episode_spec_from_row({**row, "train_mode": "drop"})
+
+
 def test_yaml_section_equals_the_model_defaults() -> None:
     from omegaconf import OmegaConf
 

@@ -36,6 +36,7 @@ from agentevolver.errors import ConfigError
 from agentevolver.module.agent_flow.config import AgentFlowConfig
 from agentevolver.module.agent_flow.episode import EpisodeResult, EpisodeSpec
 from agentevolver.module.agent_flow.flow import AgentFlow, clipper_for
+from agentevolver.module.exp_manager.manager import PLAN_COLUMNS
 from agentevolver.module.task_manager.graders import GraderPool, agrade_episode
 from agentevolver.verl.custom_reward import apply_custom_reward
 
@@ -150,10 +151,10 @@ def episode_spec_from_row(row: Mapping[str, Any]) -> EpisodeSpec:
     fields.setdefault("group_id", str(row.get("uid") or fields.get("task_id") or "group"))
     if row.get("rollout_id") is not None:
         fields["rollout_id"] = int(row["rollout_id"])
-    if row.get("exp_add") is not None:  # Self-Navigating's plan (agentevolver.module.exp_manager.manager)
-        fields["add_experience"] = bool(row["exp_add"])
-    if row.get("exp_train_mode") is not None:
-        fields["train_mode"] = str(row["exp_train_mode"])
+    # Self-Navigating's plan (agentevolver.module.exp_manager.manager): columns named as the spec's fields.
+    for column in PLAN_COLUMNS:
+        if row.get(column) is not None:
+            fields[column] = row[column].item() if hasattr(row[column], "item") else row[column]
     return EpisodeSpec.model_validate(fields)
 
 

@@ -1,8 +1,9 @@
 """The trainer's side of Self-Navigating: plan who gets experience, build and update the memory, count it.
 
 One :class:`ExperienceManager` per run, in the trainer (driver) process. Per rollout batch it draws the
-experience plan (:mod:`.allocation`) and writes it into the rows the agent loop reads (``exp_add``: retrieve
-experience for this episode; ``exp_train_mode``: ``keep`` or ``discard`` it for training). The agent flow
+experience plan (:mod:`.allocation`) and writes it into the rows the agent loop reads, under the names of the
+:class:`~agentevolver.module.agent_flow.episode.EpisodeSpec` fields they become (``add_experience``: retrieve
+experience for this episode; ``train_mode``: ``keep`` or ``discard`` it for training). The agent flow
 does the rest per episode (:mod:`.retriever`, then the context manager strips discarded experience by
 re-rendering the prompt). After each update it submits the step's episodes for summarisation every
 ``memory.updated_freq`` steps (:mod:`.summarizer`, in the background) and reports what happened as
@@ -39,13 +40,15 @@ from agentevolver.errors import ConfigError
 from agentevolver.module.exp_manager.allocation import ExperiencePlan, plan_rows, seeded_rng
 from agentevolver.module.exp_manager.summarizer import BackgroundSummarizer, trajectories_from_records
 
-__all__ = ["ExperienceManager", "check_settings", "draw_plan"]
+__all__ = ["ADD_COLUMN", "PLAN_COLUMNS", "TRAIN_MODE_COLUMN", "ExperienceManager", "check_settings", "draw_plan"]
 
 logger = logging.getLogger(__name__)
 
-#: Row columns the agent loop reads (:func:`agentevolver.verl.agent_loop.episode_spec_from_row`).
-ADD_COLUMN = "exp_add"
-TRAIN_MODE_COLUMN = "exp_train_mode"
+#: Row columns the agent loop reads (:func:`agentevolver.verl.agent_loop.episode_spec_from_row`): one name and
+#: one type from the plan to the episode, the EpisodeSpec field each becomes.
+ADD_COLUMN = "add_experience"
+TRAIN_MODE_COLUMN = "train_mode"
+PLAN_COLUMNS = (ADD_COLUMN, TRAIN_MODE_COLUMN)
 
 
 def check_settings(exp: ExpManagerSection, memory: MemorySection, loss_mode: str) -> list[str]:
