@@ -78,6 +78,8 @@ def test_preset_passes_verls_validation_on_gpu(composed: dict[str, DictConfig], 
     # the sdpa fallback: no flash-attn in the gpu set, so neither its kernel nor its varlen packing
     assert cfg.actor_rollout_ref.model.override_config.attn_implementation == "sdpa"
     assert cfg.actor_rollout_ref.model.use_remove_padding is False
+    # one sharding path on both backends: FSDP2, the reference model following the actor
+    assert cfg.actor_rollout_ref.actor.strategy == cfg.actor_rollout_ref.ref.strategy == "fsdp2"
     verl_startup_checks(cfg)
 
 
