@@ -337,6 +337,10 @@ def test_exemplar_turns_in_the_demonstration_form_are_rendered_by_the_template_a
     bare = make_context_manager("linear", tokenizer(), {"max_model_len": 4096}).start(opening)
     start, end = cm.results()[0].experience_span
     assert ids[:start] + ids[end:] == bare
+    # whole turns, header to closing (the turns and the question both open with "<|im_start|>user", so a span
+    # shifted by one header would cut to the same ids; the recorded one starts where the turns start)
+    shown = tokenizer().decode(ids[start:end])
+    assert shown.startswith(f"<|im_start|>user\n{demo[0].content}<|im_end|>") and shown.endswith("<|im_end|>\n")
     assert cm.results(strip_experience=True)[0].prompt_ids == bare
     with pytest.raises(ValueError, match="before the task's question"):
         make_context_manager("linear", tokenizer(), {"max_model_len": 4096}).start(

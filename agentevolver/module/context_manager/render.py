@@ -176,10 +176,14 @@ class ContextRenderer:
                               add_generation_prompt).ids
         added = len(ids) - len(without)
         first = is_turn.index(True)
-        before = self.render(items[:first], add_generation_prompt=False).ids if first else []
-        start = len(before)
-        if ids[:start] == before and ids[:start] + ids[start + added:] == without:
-            return start, start + added
+        try:  # a template may refuse a conversation that ends before the turns (e.g. on a system message)
+            before = self.render(items[:first], add_generation_prompt=False).ids if first else []
+        except Exception:  # any template error only means: no prefix rendering to align the span with
+            before = None
+        if before is not None:
+            start = len(before)
+            if ids[:start] == before and ids[:start] + ids[start + added:] == without:
+                return start, start + added
         start = 0
         while start < len(without) and ids[start] == without[start]:
             start += 1
