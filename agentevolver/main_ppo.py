@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 
 import hydra
-from omegaconf import DictConfig, open_dict
+from omegaconf import DictConfig, OmegaConf, open_dict
 
 from agentevolver.config import validate_config
 from agentevolver.errors import AgentEvolverError, ConfigError
@@ -36,6 +36,7 @@ def prepare_config(cfg: DictConfig) -> DictConfig:
     _check_loggers(cfg.trainer.get("logger"))
     _one_adca_switch(cfg)
     _check_stages(cfg, settings)
+    _resolve_compute_dtypes(cfg)
     with open_dict(cfg):
         cfg.actor_rollout_ref.model.path = str(resolve_model_path(str(cfg.actor_rollout_ref.model.path)))
         # Absolute here: the TaskRunner and workers may run on other nodes, in other working directories.
@@ -45,6 +46,31 @@ def prepare_config(cfg: DictConfig) -> DictConfig:
         for key in ("synthetic_tasks_path", "checkpoint_path"):
             cfg.task_manager[key] = str(Path(str(cfg.task_manager[key])).expanduser().resolve())
     return cfg
+
+
+def _resolve_compute_dtypes(cfg: DictConfig) -> None:
+    """``auto`` compute dtypes (the CPU backend's default) become bf16 or fp32 by the CPU's flags, before verl
+    reads them; ``auto`` is the CPU backend's value, so another device names its dtype."""
+    from agentevolver.backends.cpu.precision import (
+        AUTO,
+        AUTO_DTYPE_KEYS,
+        cpu_bf16_support,
+        resolve_auto_dtypes,
+    )
+
+    device = str(OmegaConf.select(cfg, "trainer.device", default="cuda"))
+    if device != "cpu":
+        auto = [key for key in AUTO_DTYPE_KEYS if OmegaConf.select(cfg, key, default=None) == AUTO]
+        if auto:
+            raise ConfigError(f"{auto[0]}: 'auto' picks a dtype from the CPU's flags, so it needs "
+                              f"trainer.device=cpu (here {device}); set bf16 or fp32")
+        return
+    chosen = resolve_auto_dtypes(cfg)
+    if chosen:
+        support = cpu_bf16_support()
+        print(f"[agentevolver] compute dtype: {'/'.join(sorted(set(chosen.values())))} "
+              f"({'the CPU has ' + support if support else 'no bf16 units on this CPU'}; "
+              f"set the dtype keys to fp32 or bf16 to choose)", file=sys.stderr)
 
 
 def _one_adca_switch(cfg: DictConfig) -> None:

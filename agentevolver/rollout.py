@@ -138,8 +138,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--step", type=int, default=0, help="step number of the dump file (default 0)")
     parser.add_argument("--concurrency", type=int, default=32, help="episodes in flight (default 32)")
     parser.add_argument("--max-batch-size", type=int, default=16, help="generations batched together")
-    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"],
-                        help="model dtype on CPU (default float32)")
+    parser.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
+                        help="model dtype on CPU (default auto: bfloat16 where the CPU has bf16 units, else float32)")
     parser.add_argument("--seed", type=int, default=None, help="sampling seed (reproducible runs)")
     parser.add_argument("--log-level", default="WARNING")
     parser.add_argument("overrides", nargs="*", help="Hydra overrides, e.g. env_service.env_type=calc")

@@ -551,7 +551,7 @@ async def test_from_pretrained_reads_eos_from_the_tokenizer(tokenizer: Any, prom
 
 
 def test_from_pretrained_rejects_unknown_dtype() -> None:
-    with pytest.raises(ValueError, match="dtype must be one of"):
+    with pytest.raises(ValueError, match="dtype must be auto or one of"):
         HFGenerator.from_pretrained("tiny-test", dtype="float8")
 
 

@@ -73,10 +73,14 @@ def _no_external_plugin_policy(monkeypatch: pytest.MonkeyPatch):
 
 
 def _compose_cpu(overrides: list[str]):
-    """The root config with the cpu preset (the root's default ``backend: cpu``, named explicitly)."""
+    """The root config with the cpu preset (the root's default ``backend: cpu``, named explicitly), its ``auto``
+    dtypes resolved as ``agentevolver.main_ppo`` resolves them before verl reads them."""
+    from agentevolver.backends.cpu.precision import resolve_auto_dtypes
     from agentevolver.config import compose_config
 
-    return compose_config(["backend=cpu", *overrides])
+    config = compose_config(["backend=cpu", *overrides])
+    resolve_auto_dtypes(config)
+    return config
 
 
 def _write_dataset(path: Path) -> None:
@@ -209,7 +213,10 @@ def _server(**overrides: str):
 async def test_server_generates_like_verls_vllm_server():
     server = _server()
     info = await server.ready()
-    assert info["dtype"] == "torch.float32"
+    # the preset's rollout.dtype is auto: bf16 on a CPU with bf16 units, else fp32
+    from agentevolver.backends.cpu.precision import cpu_bf16_support
+
+    assert info["dtype"] == ("torch.bfloat16" if cpu_bf16_support() else "torch.float32")
     await server.set_global_steps(3)
     params = {"temperature": 1.0, "top_p": 1.0, "top_k": -1, "repetition_penalty": 1.0, "logprobs": True}
     out = await server.generate(prompt_ids=[1, 42, 7], sampling_params=dict(params), request_id="a")
@@ -305,6 +312,11 @@ def test_legacy_trainer_runs_grpo_on_cpu(tmp_path: Path):
             "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=4",
             "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=4",
             "actor_rollout_ref.actor.optim.lr=1e-4",
+            # fp32 throughout (the preset's auto is bf16 on a CPU with bf16 units): the weight sync is checked
+            # exactly below; tests/test_main_ppo.py checks the bf16 gap
+            "actor_rollout_ref.actor.fsdp_config.mixed_precision.param_dtype=fp32",
+            "actor_rollout_ref.ref.fsdp_config.mixed_precision.param_dtype=fp32",
+            "actor_rollout_ref.rollout.dtype=fp32",
             "actor_rollout_ref.actor.checkpoint.save_contents=[hf_model]",
             "actor_rollout_ref.rollout.agent.default_agent_loop=single_turn_agent",
             f"reward.custom_reward_function.path={reward_file}",

@@ -28,6 +28,7 @@ from omegaconf.errors import OmegaConfBaseException
 from rich.console import Console
 from rich.text import Text
 
+from agentevolver.backends.cpu.precision import describe as describe_precision
 from agentevolver.config import AgentEvolverSettings
 from agentevolver.errors import AgentEvolverError
 from agentevolver.finished_run import finished_message
@@ -296,6 +297,7 @@ def launch(plan: LaunchPlan, cfg: DictConfig, settings: AgentEvolverSettings, *,
             run.record.create(cfg, plan.experiment, {
                 "command_line": shlex.join(command_line), "cwd": os.getcwd(), "launch_id": run.launch_id,
                 "conf": str(plan.conf), "overrides": plan.overrides, "hydra_overrides": plan.hydra_overrides,
+                "compute_dtype": describe_precision(cfg),
             })
         except OSError as err:
             say(console, f"cannot write the run record in {run.record.folder} ({err}); change "

@@ -21,7 +21,7 @@ from agentevolver.errors import AgentEvolverError
 
 logger = logging.getLogger("agentevolver.llm_server")
 
-_DTYPES = ("float32", "bfloat16", "float16")
+_DTYPES = ("auto", "float32", "bfloat16", "float16")
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -41,7 +41,8 @@ def _parser() -> argparse.ArgumentParser:
                         help="most sequences decoded together in one batch; more requests wait for the next batch")
     parser.add_argument("--batch-wait-ms", type=float, default=20.0,
                         help="how long the first request of a batch waits for others to join it")
-    parser.add_argument("--dtype", choices=_DTYPES, default="float32", help="weights dtype")
+    parser.add_argument("--dtype", choices=_DTYPES, default="float32",
+                        help="weights dtype; auto: bfloat16 where the CPU has bf16 units, else float32")
     parser.add_argument("--threads", type=int, default=1,
                         help="torch CPU threads for the model; 0 = torch's default (one per core). 1 is several "
                              "times faster when other busy processes (training) share the cores; see "

@@ -65,9 +65,17 @@ def server_actor_name(replica_rank: int, name_suffix: str = "") -> str:
 def _dtype_name(dtype: Any) -> str:
     from verl.utils.torch_dtypes import PrecisionType
 
-    torch_dtype = PrecisionType.to_dtype(dtype) if isinstance(dtype, str) else dtype
+    from agentevolver.backends.cpu.precision import resolve_dtype
+
+    torch_dtype = dtype
+    if isinstance(dtype, str):  # "auto" (resolved by main_ppo; here too for servers started without it)
+        try:
+            torch_dtype = PrecisionType.to_dtype(resolve_dtype(dtype))
+        except (KeyError, ValueError, RuntimeError):
+            torch_dtype = None
     if torch_dtype not in _DTYPE_NAMES:
-        raise ValueError(f"rollout.dtype must be float32, bfloat16 or float16 for rollout.name=hf; got {dtype!r}")
+        raise ValueError(f"rollout.dtype must be auto, float32, bfloat16 or float16 for rollout.name=hf; "
+                         f"got {dtype!r}")
     return _DTYPE_NAMES[torch_dtype]
 
 

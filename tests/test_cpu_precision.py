@@ -1,0 +1,91 @@
+"""The CPU backend's ``auto`` compute dtype: bf16 where the CPU has native bf16, fp32 elsewhere, decided once
+on the driver before verl reads the keys (agentevolver/backends/cpu/precision.py)."""
+
+from __future__ import annotations
+
+import pytest
+from omegaconf import OmegaConf
+
+from agentevolver.backends.cpu import precision
+from agentevolver.backends.cpu.verl_rollout import _dtype_name
+from agentevolver.config import compose_config
+from agentevolver.errors import ConfigError
+from agentevolver.main_ppo import prepare_config
+
+ZEN4 = "fpu sse2 avx2 avx512f avx512_vnni avx512_bf16 avx_vnni"
+SAPPHIRE_RAPIDS = "avx2 avx512f avx512_bf16 amx_tile amx_bf16 amx_int8"
+OLD_XEON = "sse2 avx2 avx512f avx512_vnni"
+
+
+@pytest.mark.parametrize(("flags", "expected"), [
+    (ZEN4, "avx512_bf16"), (SAPPHIRE_RAPIDS, "amx_bf16"), (OLD_XEON, None), ("", None),
+])
+def test_bf16_support_is_read_from_the_cpu_flags(flags: str, expected: str | None) -> None:
+    assert precision.cpu_bf16_support(flags.split()) == expected
+    assert precision.resolve_dtype("auto", flags=flags.split()) == ("bf16" if expected else "fp32")
+    assert precision.resolve_dtype("fp32", flags=flags.split()) == "fp32"  # an explicit dtype is kept
+
+
+def test_the_machine_flags_come_from_cpuinfo_once(monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
+    cpuinfo = tmp_path / "cpuinfo"
+    cpuinfo.write_text(f"processor\t: 0\nflags\t\t: {OLD_XEON}\n\nprocessor\t: 1\nflags\t\t: {OLD_XEON}\n")
+    monkeypatch.setattr(precision, "_CPUINFO", cpuinfo)
+    precision._machine_flags.cache_clear()
+    try:
+        assert precision.cpu_bf16_support() is None
+        cpuinfo.write_text(f"flags\t\t: {ZEN4}\n")
+        assert precision.cpu_bf16_support() is None  # read once per process
+        precision._machine_flags.cache_clear()
+        assert precision.cpu_bf16_support() == "avx512_bf16"
+        monkeypatch.setattr(precision, "_CPUINFO", tmp_path / "missing")
+        precision._machine_flags.cache_clear()
+        assert precision.cpu_bf16_support() is None  # not Linux: no bf16 assumed
+    finally:
+        precision._machine_flags.cache_clear()
+
+
+def _cpu_config(*overrides: str):
+    return compose_config(["actor_rollout_ref.model.path=tiny-test", "trainer.default_local_dir=/tmp/ae-precision",
+                           *overrides])
+
+
+@pytest.mark.parametrize(("flags", "dtype"), [(ZEN4, "bf16"), (OLD_XEON, "fp32")])
+def test_the_cpu_preset_resolves_auto_for_actor_reference_and_rollout(flags: str, dtype: str) -> None:
+    cfg = _cpu_config()
+    assert {OmegaConf.select(cfg, key) for key in precision.AUTO_DTYPE_KEYS} == {"auto"}
+    chosen = precision.resolve_auto_dtypes(cfg, flags=flags.split())
+    assert chosen == dict.fromkeys(precision.AUTO_DTYPE_KEYS, dtype)
+    assert [OmegaConf.select(cfg, key) for key in precision.AUTO_DTYPE_KEYS] == [dtype] * 3
+    # reductions and buffers stay fp32 (fp32 master weights and gradient reductions)
+    assert cfg.actor_rollout_ref.actor.fsdp_config.mixed_precision.reduce_dtype == "fp32"
+
+
+def test_an_explicit_dtype_is_not_touched() -> None:
+    cfg = _cpu_config("actor_rollout_ref.rollout.dtype=float32",
+                      "actor_rollout_ref.actor.fsdp_config.mixed_precision.param_dtype=fp32")
+    chosen = precision.resolve_auto_dtypes(cfg, flags=ZEN4.split())
+    assert chosen == {"actor_rollout_ref.ref.fsdp_config.mixed_precision.param_dtype": "bf16"}
+    assert cfg.actor_rollout_ref.rollout.dtype == "float32"
+
+
+def test_prepare_config_resolves_auto_on_the_driver() -> None:
+    cfg = prepare_config(_cpu_config())
+    expected = "bf16" if precision.cpu_bf16_support() else "fp32"
+    assert [OmegaConf.select(cfg, key) for key in precision.AUTO_DTYPE_KEYS] == [expected] * 3
+    assert precision.describe(cfg) == {"cpu_bf16_flag": precision.cpu_bf16_support(),
+                                       "dtypes": dict.fromkeys(precision.AUTO_DTYPE_KEYS, expected)}
+
+
+def test_auto_off_the_cpu_is_refused_with_the_key_named() -> None:
+    cfg = _cpu_config("trainer.device=cuda")
+    with pytest.raises(ConfigError, match=r"actor_rollout_ref\.actor\.fsdp_config\.mixed_precision\.param_dtype: "
+                                          r"'auto' .* needs trainer.device=cpu .* set bf16 or fp32"):
+        prepare_config(cfg)
+    assert precision.describe(cfg) is None
+
+
+def test_the_hf_rollout_takes_auto_and_names_the_choices() -> None:
+    assert _dtype_name("bf16") == "bfloat16" and _dtype_name("float32") == "float32"
+    assert _dtype_name("auto") == ("bfloat16" if precision.cpu_bf16_support() else "float32")
+    with pytest.raises(ValueError, match=r"rollout\.dtype must be auto, float32, bfloat16 or float16"):
+        _dtype_name("int8")
