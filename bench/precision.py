@@ -105,6 +105,7 @@ def token_logprobs(model: torch.nn.Module, ids: list[int], start: int, dtype: to
 async def run(args: argparse.Namespace, console: Console) -> None:
     from transformers import AutoModelForCausalLM
 
+    load_at_start = os.getloadavg()[0]
     path = resolve_model_path(args.model)
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, attn_implementation="sdpa")
@@ -135,9 +136,9 @@ async def run(args: argparse.Namespace, console: Console) -> None:
             keep("log-prob", name, timed(lambda d=dtype: logprob_pass(model, lp_ids, d)))
             keep("update", name, timed(lambda d=dtype: update(model, optim, up_ids, d)))
 
-    load = os.getloadavg()[0]
-    table = Table(title=f"fp32 vs bf16, {args.model}; bf16 support: {cpu_bf16_support() or 'none'}; "
-                        f"load {load:.2f}; best of {args.rounds}")
+    table = Table(title=f"fp32 vs bf16, {args.model}; bf16 support: {cpu_bf16_support() or 'none'}; load "
+                        f"{load_at_start:.2f} at the start, {os.getloadavg()[0]:.2f} at the end (this bench included); "
+                        f"best of {args.rounds}")
     for column in ("stage", "fp32", "bf16", "fp32 / bf16"):
         table.add_column(column, justify="right")
     units = {"matmul": ("GFLOP/s", lambda s: f"{1 / s:.0f}"), "generate": ("tokens/s", lambda s: f"{1 / s:.0f}"),

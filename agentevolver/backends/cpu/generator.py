@@ -28,6 +28,7 @@ from typing import Any
 import torch
 from verl.workers.rollout.replica import TokenOutput
 
+from agentevolver.backends.cpu import decode_attention
 from agentevolver.backends.cpu.prefix_cache import PrefixCache
 from agentevolver.backends.cpu.sampling import (
     RowSampler,
@@ -103,6 +104,12 @@ class HFGenerator:
             raise ValueError(f"default_max_tokens must be >= 1 or None; got {default_max_tokens}")
         self.model = model.eval()
         self.device: torch.device = next(model.parameters()).device
+        # bf16/fp16 decode steps: torch's CPU SDPA kernel is ~14x slower than two matmuls for one query token
+        # (agentevolver/backends/cpu/decode_attention.py); fp32 keeps SDPA, which is as fast there and exact
+        self.decode_attention = (
+            self.device.type == "cpu" and next(model.parameters()).dtype in (torch.bfloat16, torch.float16)
+            and decode_attention.install(model)
+        )
         self.vocab_size = int(model.config.vocab_size)
         self.max_positions: int | None = getattr(model.config, "max_position_embeddings", None)
         self.eos_token_ids = tuple(int(t) for t in eos_token_ids)
