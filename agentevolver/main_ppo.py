@@ -37,6 +37,7 @@ def prepare_config(cfg: DictConfig) -> DictConfig:
     _one_adca_switch(cfg)
     _check_stages(cfg, settings)
     _resolve_compute_dtypes(cfg)
+    _resolve_worker_threads(cfg)
     with open_dict(cfg):
         cfg.actor_rollout_ref.model.path = str(resolve_model_path(str(cfg.actor_rollout_ref.model.path)))
         # Absolute here: the TaskRunner and workers may run on other nodes, in other working directories.
@@ -71,6 +72,13 @@ def _resolve_compute_dtypes(cfg: DictConfig) -> None:
         print(f"[agentevolver] compute dtype: {'/'.join(sorted(set(chosen.values())))} "
               f"({'the CPU has ' + support if support else 'no bf16 units on this CPU'}; "
               f"set the dtype keys to fp32 or bf16 to choose)", file=sys.stderr)
+
+
+def _resolve_worker_threads(cfg: DictConfig) -> None:
+    """``auto`` torch threads for the Ray workers (the CPU preset's) become the usable cores, before ray.init."""
+    from agentevolver.backends.cpu.threads import resolve_auto_threads
+
+    resolve_auto_threads(cfg)
 
 
 def _one_adca_switch(cfg: DictConfig) -> None:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from omegaconf import OmegaConf
 
-from agentevolver.backends.cpu import precision
+from agentevolver.backends.cpu import precision, threads
 from agentevolver.backends.cpu.verl_rollout import _dtype_name
 from agentevolver.config import compose_config
 from agentevolver.errors import ConfigError
@@ -89,3 +89,38 @@ def test_the_hf_rollout_takes_auto_and_names_the_choices() -> None:
     assert _dtype_name("auto") == ("bfloat16" if precision.cpu_bf16_support() else "float32")
     with pytest.raises(ValueError, match=r"rollout\.dtype must be auto, float32, bfloat16 or float16"):
         _dtype_name("int8")
+
+
+def test_worker_threads_auto_is_the_usable_cores_and_a_number_is_kept() -> None:
+    cfg = _cpu_config()
+    assert OmegaConf.select(cfg, threads.THREADS_KEY) == "auto"
+    assert threads.resolve_auto_threads(cfg, cores=6) == "6" and OmegaConf.select(cfg, threads.THREADS_KEY) == "6"
+    given = _cpu_config(f"{threads.THREADS_KEY}=3")  # Hydra makes it an int; Ray wants strings
+    assert threads.resolve_auto_threads(given) == "3" and OmegaConf.select(given, threads.THREADS_KEY) == "3"
+    with pytest.raises(ConfigError, match=r"OMP_NUM_THREADS: must be auto or a whole number of threads >= 1; got 'all'"):
+        threads.resolve_auto_threads(_cpu_config(f"{threads.THREADS_KEY}=all"))
+
+
+def test_the_ray_workers_get_every_usable_core() -> None:
+    """Ray gives a worker whose actor names no num_cpus (verl's) OMP_NUM_THREADS=1 unless the run says
+    otherwise: the prepared config's runtime env reaches the worker, read back from inside one."""
+    import ray
+
+    cfg = prepare_config(_cpu_config())
+    ray_init = OmegaConf.to_container(cfg.ray_kwargs.ray_init, resolve=True)
+
+    @ray.remote
+    class Probe:
+        def threads(self) -> tuple[str | None, int]:
+            import os
+
+            import torch
+
+            return os.environ.get("OMP_NUM_THREADS"), torch.get_num_threads()
+
+    ray.init(**ray_init, include_dashboard=False, log_to_driver=False)
+    try:
+        env, used = ray.get(Probe.remote().threads.remote())
+    finally:
+        ray.shutdown()
+    assert (env, used) == (str(threads.usable_cores()), threads.usable_cores())

@@ -76,10 +76,12 @@ def _compose_cpu(overrides: list[str]):
     """The root config with the cpu preset (the root's default ``backend: cpu``, named explicitly), its ``auto``
     dtypes resolved as ``agentevolver.main_ppo`` resolves them before verl reads them."""
     from agentevolver.backends.cpu.precision import resolve_auto_dtypes
+    from agentevolver.backends.cpu.threads import resolve_auto_threads
     from agentevolver.config import compose_config
 
     config = compose_config(["backend=cpu", *overrides])
     resolve_auto_dtypes(config)
+    resolve_auto_threads(config)
     return config
 
 

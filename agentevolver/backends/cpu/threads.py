@@ -1,0 +1,55 @@
+"""torch's thread count in the Ray workers of a CPU run (``OMP_NUM_THREADS: auto`` in config/backend/cpu.yaml).
+
+Why: Ray sets ``OMP_NUM_THREADS=1`` in every worker whose actor or task names no ``num_cpus``, to keep many
+small tasks from oversubscribing a node. None of verl's actors names one, so on CPU the actor update, the
+reference pass and the rollout server each ran on one core however many the machine had. Those stages run
+one after another, not side by side, so each may use every core. :func:`resolve_auto_threads` turns
+``auto`` into the number of cores this process may run on (``os.sched_getaffinity``) on the driver, before
+``ray.init`` reads the runtime env; a number given there is kept. On a cluster whose nodes differ, give a
+number.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+
+from omegaconf import DictConfig, OmegaConf, open_dict
+
+from agentevolver.errors import ConfigError
+
+__all__ = ["AUTO", "THREADS_KEY", "resolve_auto_threads", "usable_cores"]
+
+logger = logging.getLogger(__name__)
+
+#: The value that asks for every usable core.
+AUTO = "auto"
+
+#: Where the CPU preset sets the workers' thread count.
+THREADS_KEY = "ray_kwargs.ray_init.runtime_env.env_vars.OMP_NUM_THREADS"
+
+
+def usable_cores() -> int:
+    """Cores this process may be scheduled on (its affinity mask; ``os.cpu_count()`` where there is none)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+def resolve_auto_threads(cfg: DictConfig, cores: int | None = None) -> str | None:
+    """Replace ``auto`` at :data:`THREADS_KEY` by the usable cores (in place); return the value, else None.
+
+    Any value is made a string, since Ray refuses a runtime env whose variables are not strings.
+    """
+    value = OmegaConf.select(cfg, THREADS_KEY, default=None)
+    if value is None:
+        return None
+    text = str(cores or usable_cores()) if str(value) == AUTO else str(value)
+    if not text.isdigit() or int(text) < 1:
+        raise ConfigError(f"{THREADS_KEY}: must be auto or a whole number of threads >= 1; got {value!r}")
+    with open_dict(cfg):
+        OmegaConf.update(cfg, THREADS_KEY, text, merge=False)
+    if str(value) == AUTO:
+        logger.info("Ray workers' torch threads auto -> %s (the cores this process may use)", text)
+    return text
