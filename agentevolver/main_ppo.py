@@ -79,6 +79,27 @@ def _resolve_worker_threads(cfg: DictConfig) -> None:
     from agentevolver.backends.cpu.threads import resolve_auto_threads
 
     resolve_auto_threads(cfg)
+    _runtime_env_vars_as_text(cfg)
+
+
+def _runtime_env_vars_as_text(cfg: DictConfig) -> None:
+    """Ray takes only strings as runtime-env variables and fails inside ``ray.init`` with a traceback otherwise;
+    Hydra reads ``...env_vars.X=2`` as a number. Numbers and booleans become their text here; anything else
+    is named."""
+    key = "ray_kwargs.ray_init.runtime_env.env_vars"
+    env_vars = OmegaConf.select(cfg, key, default=None)
+    if env_vars is None:
+        return
+    if not isinstance(env_vars, DictConfig):
+        raise ConfigError(f"{key}: must be a mapping of variable names to values; got {env_vars!r}")
+    with open_dict(cfg):
+        for name, value in env_vars.items():
+            if isinstance(value, bool):
+                env_vars[name] = "true" if value else "false"
+            elif isinstance(value, int | float):
+                env_vars[name] = str(value)
+            elif not isinstance(value, str):
+                raise ConfigError(f"{key}.{name}: must be a string, number or boolean; got {value!r}")
 
 
 def _one_adca_switch(cfg: DictConfig) -> None:

@@ -124,3 +124,13 @@ def test_the_ray_workers_get_every_usable_core() -> None:
     finally:
         ray.shutdown()
     assert (env, used) == (str(threads.usable_cores()), threads.usable_cores())
+
+
+def test_runtime_env_numbers_become_text_and_other_values_are_named() -> None:
+    """Ray refuses non-string runtime-env variables with a traceback inside ray.init; Hydra reads `=2` as 2."""
+    key = "ray_kwargs.ray_init.runtime_env.env_vars"
+    cfg = prepare_config(_cpu_config(f"+{key}.MY_LIMIT=2", f"+{key}.MY_FLAG=true"))
+    assert (cfg.ray_kwargs.ray_init.runtime_env.env_vars.MY_LIMIT,
+            cfg.ray_kwargs.ray_init.runtime_env.env_vars.MY_FLAG) == ("2", "true")
+    with pytest.raises(ConfigError, match=rf"{key}\.MY_LIST: must be a string, number or boolean; got \[1, 2\]"):
+        prepare_config(_cpu_config(f"+{key}.MY_LIST=[1,2]"))
