@@ -16,7 +16,7 @@ import pytest
 import torch
 from env_service_fixture import env_service
 from omegaconf import DictConfig
-from training_fixture import run_training, training_command, training_timeout
+from training_fixture import FP32, run_training, training_command, training_timeout
 
 from agentevolver.models import resolve_model_path
 from agentevolver.verl.shared_prefix import (
@@ -399,7 +399,8 @@ def test_two_step_run_with_switch_on_and_off(tmp_path: Path, share: bool):
             running.url, tmp_path, f"actor_rollout_ref.actor.use_prefix_grouper={str(share).lower()}",
             "actor_rollout_ref.rollout.n=4", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4",
             "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=8",
-            "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=8", "actor_rollout_ref.actor.use_kl_loss=true")
+            "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=8", "actor_rollout_ref.actor.use_kl_loss=true",
+            *FP32)
         result: subprocess.CompletedProcess[str] = run_training(command, tmp_path)
     assert result.returncode == 0, (result.stdout + result.stderr)[-5000:]
     steps = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]

@@ -24,6 +24,15 @@ TRAINING_TIMEOUT_S = 1800
 training_timeout = pytest.mark.timeout(TRAINING_TIMEOUT_S)
 
 
+#: Overrides that pin the CPU backend to fp32 (its default ``auto`` is bf16 on a CPU with bf16 units), for tests
+#: that check trainer and rollout log-probs agree exactly.
+FP32 = (
+    "actor_rollout_ref.actor.fsdp_config.mixed_precision.param_dtype=fp32",
+    "actor_rollout_ref.ref.fsdp_config.mixed_precision.param_dtype=fp32",
+    "actor_rollout_ref.rollout.dtype=fp32",
+)
+
+
 def training_command(service: str, run_dir: Path, *extra: str) -> list[str]:
     """``python -m agentevolver.main_ppo --config-name quickstart`` shrunk for tests: the run folder is
     ``run_dir/run`` (checkpoints every step, ``rollouts/``, ``metrics.jsonl``), the step table on stdout."""
