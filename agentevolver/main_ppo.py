@@ -38,6 +38,7 @@ def prepare_config(cfg: DictConfig) -> DictConfig:
     _check_stages(cfg, settings)
     _resolve_compute_dtypes(cfg)
     _resolve_worker_threads(cfg)
+    _runtime_env_vars_as_text(cfg)
     with open_dict(cfg):
         cfg.actor_rollout_ref.model.path = str(resolve_model_path(str(cfg.actor_rollout_ref.model.path)))
         # Absolute here: the TaskRunner and workers may run on other nodes, in other working directories.
@@ -79,7 +80,6 @@ def _resolve_worker_threads(cfg: DictConfig) -> None:
     from agentevolver.backends.cpu.threads import resolve_auto_threads
 
     resolve_auto_threads(cfg)
-    _runtime_env_vars_as_text(cfg)
 
 
 def _runtime_env_vars_as_text(cfg: DictConfig) -> None:

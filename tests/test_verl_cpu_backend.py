@@ -33,7 +33,7 @@ from pathlib import Path
 import pytest
 
 torch = pytest.importorskip("torch")
-from training_fixture import load_safetensors, training_timeout  # noqa: E402
+from training_fixture import FP32, load_safetensors, training_timeout  # noqa: E402
 
 pytest.importorskip("verl")
 
@@ -316,9 +316,7 @@ def test_legacy_trainer_runs_grpo_on_cpu(tmp_path: Path):
             "actor_rollout_ref.actor.optim.lr=1e-4",
             # fp32 throughout (the preset's auto is bf16 on a CPU with bf16 units): the weight sync is checked
             # exactly below; tests/test_main_ppo.py checks the bf16 gap
-            "actor_rollout_ref.actor.fsdp_config.mixed_precision.param_dtype=fp32",
-            "actor_rollout_ref.ref.fsdp_config.mixed_precision.param_dtype=fp32",
-            "actor_rollout_ref.rollout.dtype=fp32",
+            *FP32,
             "actor_rollout_ref.actor.checkpoint.save_contents=[hf_model]",
             "actor_rollout_ref.rollout.agent.default_agent_loop=single_turn_agent",
             f"reward.custom_reward_function.path={reward_file}",

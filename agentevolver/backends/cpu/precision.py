@@ -5,8 +5,8 @@ fp32 (bench/precision.py measures each stage); on one without them bf16 is emula
 So config/backend/cpu.yaml sets the actor's and reference's FSDP ``mixed_precision.param_dtype`` and the
 rollout's ``dtype`` to ``auto``, and :func:`resolve_auto_dtypes` turns each ``auto`` into ``bf16`` or
 ``fp32`` on the driver before verl reads them. The CPU's flags are read once per process
-(:func:`cpu_bf16_support`); the choice is logged and kept in the resolved config, which the run folder and
-the tracking backends record.
+(:func:`cpu_bf16_support`); ``agentevolver.main_ppo`` prints the choice, the resolved config keeps it and
+the launcher's ``launch.json`` records it.
 
 Only the compute dtype changes: verl loads a trained model in fp32 (``model_dtype``), FSDP2's
 mixed-precision policy casts the parameters to bf16 for forward and backward and keeps fp32 master weights,
@@ -16,7 +16,6 @@ optimiser state and gradient reductions (``reduce_dtype: fp32``).
 from __future__ import annotations
 
 import functools
-import logging
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -26,8 +25,6 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 __all__ = [
     "AUTO", "AUTO_DTYPE_KEYS", "BF16_FLAGS", "cpu_bf16_support", "describe", "resolve_auto_dtypes", "resolve_dtype",
 ]
-
-logger = logging.getLogger(__name__)
 
 #: The value that asks for the CPU's best dtype.
 AUTO = "auto"
@@ -82,8 +79,8 @@ def resolve_dtype(value: Any, *, flags: Iterable[str] | None = None) -> str:
 def resolve_auto_dtypes(cfg: DictConfig, *, flags: Iterable[str] | None = None) -> dict[str, str]:
     """Replace every ``auto`` among :data:`AUTO_DTYPE_KEYS` in ``cfg`` (in place); return ``{key: dtype}``.
 
-    Keys that are absent or not ``auto`` are left as they are and not returned. The choice is logged once,
-    with the CPU flag it rests on.
+    Keys that are absent or not ``auto`` are left as they are and not returned; the caller announces the
+    choice (``agentevolver.main_ppo`` prints it with the CPU flag it rests on).
     """
     chosen: dict[str, str] = {}
     for key in AUTO_DTYPE_KEYS:
@@ -92,10 +89,6 @@ def resolve_auto_dtypes(cfg: DictConfig, *, flags: Iterable[str] | None = None) 
         chosen[key] = resolve_dtype(AUTO, flags=flags)
         with open_dict(cfg):
             OmegaConf.update(cfg, key, chosen[key], merge=False)
-    if chosen:
-        support = cpu_bf16_support(flags)
-        reason = f"the CPU has {support}" if support else f"the CPU has none of {', '.join(BF16_FLAGS)}"
-        logger.info("CPU dtype auto -> %s (%s): %s", sorted(set(chosen.values())), reason, ", ".join(chosen))
     return chosen
 
 

@@ -71,7 +71,7 @@ def _dtype_name(dtype: Any) -> str:
     if isinstance(dtype, str):  # "auto" (resolved by main_ppo; here too for servers started without it)
         try:
             torch_dtype = PrecisionType.to_dtype(resolve_dtype(dtype))
-        except (KeyError, ValueError, RuntimeError):
+        except RuntimeError:  # verl: "unexpected precision"
             torch_dtype = None
     if torch_dtype not in _DTYPE_NAMES:
         raise ValueError(f"rollout.dtype must be auto, float32, bfloat16 or float16 for rollout.name=hf; "
