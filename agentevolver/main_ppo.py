@@ -47,6 +47,10 @@ def prepare_config(cfg: DictConfig) -> DictConfig:
         # Ray actors need not share the driver's working directory: pin the task manager's files here.
         for key in ("synthetic_tasks_path", "checkpoint_path"):
             cfg.task_manager[key] = str(Path(str(cfg.task_manager[key])).expanduser().resolve())
+        if settings.agent_program.callable is not None:
+            from agentevolver.gateway.program import resolve_program_paths
+
+            cfg.agent_program.callable = resolve_program_paths(settings.agent_program.callable)
     return cfg
 
 

@@ -23,6 +23,7 @@ PENDING: dict[str, str] = {}
 #: Modules that declare the schema; a name appearing there does not mean anything reads it.
 DECLARATIONS = {
     REPO_ROOT / "agentevolver" / "config" / "schema.py",
+    REPO_ROOT / "agentevolver" / "config" / "agent_program.py",
     REPO_ROOT / "agentevolver" / "client" / "llm_config.py",
     REPO_ROOT / "agentevolver" / "module" / "agent_flow" / "config.py",
     REPO_ROOT / "agentevolver" / "module" / "context_manager" / "config.py",

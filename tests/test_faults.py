@@ -65,7 +65,7 @@ def test_a_batch_without_failures_is_left_alone() -> None:
     assert torch.equal(batch.batch["response_mask"], before) and list(batch.non_tensor_batch["uid"]) == ["a", "a"]
     assert failure_metrics(batch.non_tensor_batch) == {
         "episode/failed": 0.0, "episode/failed_share": 0.0, "episode/failed/env": 0.0,
-        "episode/failed/rollout": 0.0, "episode/failed/grader": 0.0}
+        "episode/failed/rollout": 0.0, "episode/failed/grader": 0.0, "episode/failed/program": 0.0}
 
 
 @pytest.mark.parametrize(("failures", "share", "stops"), [

@@ -12,6 +12,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_validator
 
 from agentevolver.client.llm_config import LLMConfig
+from agentevolver.config.agent_program import AgentProgramConfig
 from agentevolver.module.agent_flow.config import AgentFlowConfig
 
 
@@ -257,6 +258,7 @@ class AgentEvolverSettings(_Section):
 
     env_service: EnvServiceSection
     agent_flow: AgentFlowConfig
+    agent_program: AgentProgramConfig
     task_manager: TaskManagerSection
     exp_manager: ExpManagerSection
     memory: MemorySection

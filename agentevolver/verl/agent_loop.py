@@ -32,6 +32,7 @@ from omegaconf import DictConfig, OmegaConf
 from verl.experimental.agent_loop.agent_loop import AgentLoopBase, AgentLoopMetrics, AgentLoopOutput, register
 
 from agentevolver.client.env_client import EnvClient
+from agentevolver.config.agent_program import AgentProgramConfig
 from agentevolver.errors import ConfigError
 from agentevolver.module.agent_flow.config import AgentFlowConfig
 from agentevolver.module.agent_flow.episode import EpisodeResult, EpisodeSpec
@@ -51,6 +52,8 @@ _CACHE_LOCK = threading.Lock()
 _ENV_CLIENTS: dict[str, EnvClient] = {}
 #: config key -> (server manager, tokenizer, flow); the first two are kept to check identity on reuse.
 _FLOWS: dict[str, tuple[Any, Any, AgentFlow]] = {}
+#: config key -> (server manager, tokenizer, agent-program episodes): one gateway per worker process.
+_PROGRAMS: dict[str, tuple[Any, Any, Any]] = {}
 #: Grader pools (synthetic tasks' LLM graders) per task_manager + llm config, one per worker process.
 _GRADERS: dict[str, Any] = {}
 
@@ -119,6 +122,31 @@ def _shared_flow(config: DictConfig, server_manager: Any, tokenizer: Any) -> Age
     return flow
 
 
+def _shared_program_episodes(config: DictConfig, server_manager: Any, tokenizer: Any) -> Any:
+    """The agent-program episode source (:mod:`agentevolver.gateway`) when ``agent_program`` names a
+    program, one per worker process (it serves the gateway); None = episodes run the agent flow."""
+    section = _plain(config.get("agent_program")) or {}
+    program_config = AgentProgramConfig.model_validate(section)
+    if not program_config.enabled:
+        return None
+    sections = {name: _plain(config[name]) for name in ("agent_program", "agent_flow", "env_service", "memory",
+                                                         "exp_manager")}
+    key = json.dumps({**sections, **flow_budgets(config)}, sort_keys=True, default=str)
+    with _CACHE_LOCK:
+        cached = _PROGRAMS.get(key)
+        if cached is not None and cached[0] is server_manager and cached[1] is tokenizer:
+            return cached[2]
+    from agentevolver.gateway.runner import ProgramEpisodes
+
+    episodes = ProgramEpisodes(
+        program_config, AgentFlowConfig.model_validate(sections["agent_flow"]), tokenizer=tokenizer,
+        env_client=_shared_env_client(config.env_service), generate=server_manager.generate,
+        retriever=retriever_for(config), **flow_budgets(config))
+    with _CACHE_LOCK:
+        _PROGRAMS[key] = (server_manager, tokenizer, episodes)
+    return episodes
+
+
 def retriever_for(config: DictConfig) -> Any:
     """Self-Navigating's experience retriever when the run retrieves experience (memory.enable_context_generator)."""
     if not bool(config.memory.enable_context_generator):
@@ -164,11 +192,14 @@ class AgentEvolverAgentLoop(AgentLoopBase):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self.flow = _shared_flow(self.config, self.server_manager, self.tokenizer)
+        #: Where episodes come from: the user's agent program through the gateway (``agent_program``), or
+        #: the agent flow. Both return an EpisodeResult, so everything after the episode is the same.
+        self.episodes = _shared_program_episodes(self.config, self.server_manager, self.tokenizer) or _shared_flow(
+            self.config, self.server_manager, self.tokenizer)
 
     async def run(self, sampling_params: dict[str, Any], **kwargs: Any) -> AgentLoopOutput:
         spec = episode_spec_from_row(kwargs)
-        result = await self.flow.run(spec, sampling_params)
+        result = await self.episodes.run(spec, sampling_params)
         if spec.metadata.get("evaluator", "env") != "env":  # a synthetic task: its own grader scores it
             result = await agrade_episode(result, spec, _shared_grader_pool(self.config))
         result = await apply_custom_reward(result, spec, kwargs, self.config, self.tokenizer)  # reward.custom_reward_function

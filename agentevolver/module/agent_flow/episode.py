@@ -77,12 +77,15 @@ class EpisodeResult(BaseModel):
     def failure(self) -> str | None:
         """The service whose failure leaves this episode without a trustworthy reward, or None.
 
-        ``env`` - the environment failed (``env_error``, or /evaluate failed); ``rollout`` - anything else
+        ``env`` - the environment failed (``env_error``, or /evaluate failed); ``program`` - an agent program
+        (``agent_program``) raised, hung, gave an unusable reward or made no call; ``rollout`` - anything else
         ended it (``error``: the rollout server, a bug); ``grader`` - the task's grader could not judge it.
         The trainer keeps such episodes out of the update (:mod:`agentevolver.verl.step.faults`).
         """
         if self.termination == "env_error" or self.metrics.get("episode/evaluate_errors", 0.0) > 0:
             return "env"
+        if self.metrics.get("episode/program_failed", 0.0) > 0:
+            return "program"
         if self.termination == "error":
             return "rollout"
         if self.metrics.get("grader/errors", 0.0) > 0:

@@ -45,7 +45,7 @@ from agentevolver.module.tools import (
 from agentevolver.schema.message import ChatMessage, ToolCall
 from agentevolver.schema.trajectory import Reward
 
-__all__ = ["AgentFlow", "GenerateFn", "clipper_for", "import_tool_modules"]
+__all__ = ["AgentFlow", "GenerateFn", "clipper_for", "import_tool_modules", "initial_messages"]
 
 logger = logging.getLogger(__name__)
 
@@ -81,6 +81,20 @@ def clipper_for(config: AgentFlowConfig, llm_config: Any) -> Any:
     from agentevolver.client.llm_client import client_for_role
 
     return client_for_role(llm_config, "context_clipper")
+
+
+def initial_messages(state: list[ChatMessage], spec: EpisodeSpec) -> list[ChatMessage]:
+    """An episode's opening messages: the environment's, where a task with its own query (a synthetic task)
+    replaces the last user message (or adds one)."""
+    messages = list(state)
+    if spec.query is not None:
+        for index in range(len(messages) - 1, -1, -1):
+            if messages[index].role == "user":
+                messages[index] = messages[index].model_copy(update={"content": spec.query})
+                break
+        else:
+            messages.append(ChatMessage(role="user", content=spec.query))
+    return messages
 
 
 class _EpisodeState:
@@ -189,7 +203,7 @@ class AgentFlow:
                 prompt_tools = (schemas or None) if self.config.tools.schemas_in_prompt else None
                 cm = make_context_manager(self.config.context_template, self.tokenizer, self.context_config,
                                           tools=prompt_tools, llm=self.clipper)
-                initial = self._initial_messages(created.state, spec)
+                initial = initial_messages(created.state, spec)
                 cm.start(initial, experience=await self._experience(spec, initial, state))
                 termination, error = await self._loop(cm, tools, schemas, instance_id, sampling_params,
                                                       request_id, state)
@@ -353,19 +367,6 @@ class AgentFlow:
                 experience = in_policy_dialect(experience, self.parser)
         state.experience_injected = bool(experience)
         return experience
-
-    @staticmethod
-    def _initial_messages(state: list[ChatMessage], spec: EpisodeSpec) -> list[ChatMessage]:
-        """The environment's opening messages; a task with its own query replaces the last user message."""
-        messages = list(state)
-        if spec.query is not None:
-            for index in range(len(messages) - 1, -1, -1):
-                if messages[index].role == "user":
-                    messages[index] = messages[index].model_copy(update={"content": spec.query})
-                    break
-            else:
-                messages.append(ChatMessage(role="user", content=spec.query))
-        return messages
 
     async def _reward(self, instance_id: str, tools: ToolSet, state: _EpisodeState) -> Reward:
         """The environment's score with the tool rewards folded in; an evaluate failure scores 0."""

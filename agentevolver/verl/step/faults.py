@@ -34,6 +34,7 @@ _WHERE = {
     "env": "the environment service (env_service.env_url; is it up? its log is in the run record)",
     "rollout": "the rollout server / the episode code (see the episodes' `error` in the rollout dump)",
     "grader": "the synthetic tasks' grader LLM (llm.roles.grader)",
+    "program": "the agent program (agent_program.*; each episode's `error` in the rollout dump says what it did)",
 }
 
 
@@ -58,7 +59,7 @@ def failure_metrics(non_tensor_batch: dict[str, Any]) -> dict[str, float]:
     total = len(column)
     failed = sum(services.values())
     out = {"episode/failed": float(failed), "episode/failed_share": failed / total if total else 0.0}
-    for service in ("env", "rollout", "grader"):
+    for service in ("env", "rollout", "grader", "program"):
         out[f"episode/failed/{service}"] = float(services.get(service, 0))
     return out
 
