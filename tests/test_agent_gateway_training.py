@@ -1,0 +1,74 @@
+"""An agent written with the OpenAI SDK trains through ``main_ppo`` via the gateway.
+
+examples/agent_program/calc_agent.py, unchanged, is the agent of every episode: 2 GRPO steps of tiny-test on
+the ``lottery`` environment (its score varies between samples whatever the model says, so the update has
+advantages to follow), through the real training entry with Ray, verl's agent-loop workers, the CPU rollout
+server and the gateway served inside the agent-loop worker. The dumps must obey the invariants agent-flow
+episodes obey.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from env_service_fixture import REPO_ROOT, env_service
+from training_fixture import run_training, training_command, training_timeout
+
+from agentevolver.module.agent_flow import read_rollout_dump
+from agentevolver.verl.tracking import read_metrics
+
+pytestmark = training_timeout
+
+AGENT = REPO_ROOT / "examples" / "agent_program" / "calc_agent.py"
+
+
+@pytest.fixture(scope="module")
+def service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    with env_service("lottery", tmp_path=tmp_path_factory.mktemp("gateway_training")) as running:
+        yield running.url
+
+
+def check_token_fields(fields: dict) -> None:
+    """The invariants of one dumped sample (as tests/test_agent_flow.py checks agent-flow samples)."""
+    n = len(fields["response_ids"])
+    assert len(fields["response_mask"]) == len(fields["step_ids"]) == len(fields["response_logprobs"]) == n
+    for mask, step, logprob in zip(fields["response_mask"], fields["step_ids"], fields["response_logprobs"],
+                                   strict=True):
+        assert (mask == 1) == (step >= 0)
+        if mask == 0:
+            assert logprob == 0.0
+    steps = [s for s in fields["step_ids"] if s >= 0]
+    assert steps == sorted(steps)
+
+
+def test_an_openai_sdk_agent_trains_two_grpo_steps_through_the_gateway(service: str, tmp_path: Path) -> None:
+    done = run_training(training_command(
+        service, tmp_path, f"agent_program.callable={AGENT}:run", "agent_program.reward=env",
+        "agent_program.timeout_s=600", "agent_flow.max_steps=4"), tmp_path)
+    assert done.returncode == 0, (done.stdout + done.stderr)[-6000:]
+    steps = read_metrics(tmp_path / "run" / "metrics.jsonl")
+    assert sorted(steps) == [1, 2]
+    for metrics in steps.values():
+        assert math.isfinite(metrics["actor/pg_loss"]) and math.isfinite(metrics["actor/grad_norm"])
+        assert metrics["episode/count"] == 4 and metrics["episode/failed"] == 0.0
+        assert metrics["episode/failed/program"] == 0.0
+    assert any(metrics["actor/grad_norm"] > 0 for metrics in steps.values())
+    calls = 0
+    for step in (1, 2):
+        records = list(read_rollout_dump(tmp_path / "run" / "rollouts" / f"step_{step}.jsonl"))
+        assert len(records) == 4 and len({r["group_id"] for r in records}) == 2
+        for record in records:
+            assert record["failure"] is None and record["env_type"] == "lottery"
+            assert record["termination"] in ("finished", "max_steps", "budget"), record["error"]
+            check_token_fields(record)
+            for other in record["other_samples"]:
+                check_token_fields(other)
+            assert len(record["advantages"]) == len(record["response_ids"])
+            assert record["metrics"]["episode/calls"] == record["num_turns"] >= 1
+            calls += record["num_turns"]
+            # the dump shows the program's conversation: its opening came from the environment's messages
+            assert record["messages"][0]["role"] == "system" and "chain" in record["messages"][0]
+    assert calls >= 8
