@@ -148,7 +148,7 @@ def test_service_urls_and_model_from_the_environment(monkeypatch: pytest.MonkeyP
     assert cfg.actor_rollout_ref.model.path == "Qwen/Qwen2.5-7B-Instruct"  # a hub id, read from the offline cache
 
 
-SERVICES = {"quickstart": ["--with-env"], "basic": ["--with-env"]}
+SERVICES = {"quickstart": ["--with-env"], "basic": ["--with-env"], "agent_program": ["--with-env"]}
 
 
 @pytest.mark.parametrize("name", PRESETS)
