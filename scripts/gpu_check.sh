@@ -6,6 +6,10 @@
 #
 #   bash scripts/gpu_check.sh [OVERRIDES ...]      install if needed, run, report (exit 0 = PASS)
 #   bash scripts/gpu_check.sh --report RUN_DIR     only the report, on a finished run folder (no GPU needed)
+#   bash scripts/gpu_check.sh --kernels [ARGS ...] only our own tensor code on CUDA, with torch, transformers and
+#                                                  numpy alone (no install, no verl/vLLM/Ray, about a minute):
+#                                                  python -m agentevolver.backends.gpu_kernel_check ARGS
+#                                                  (--device cpu is its dry run; --help lists the rest)
 #
 # Needs one CUDA GPU and no internet: with AGENTEVOLVER_WHEELHOUSE=<folder of wheels> pip installs from that
 # folder only (PIP_NO_INDEX); without it, from the configured package index. Models are the built-in ones
@@ -105,6 +109,16 @@ Path(os.environ["REPORT_JSON"]).write_text(json.dumps(
 sys.exit(0 if not failed else 1)
 PY
 }
+
+if [ "${1:-}" = "--kernels" ]; then
+  shift
+  # AGENTEVOLVER_PYTHON, else this checkout's venv, else python3 (the bare GPU machine: torch + transformers)
+  KPY="${AGENTEVOLVER_PYTHON:-}"
+  if [ -z "$KPY" ]; then
+    if [ -x "$ROOT/.venv/bin/python" ]; then KPY="$ROOT/.venv/bin/python"; else KPY=python3; fi
+  fi
+  exec "$KPY" -m agentevolver.backends.gpu_kernel_check "$@"
+fi
 
 if [ "${1:-}" = "--report" ]; then
   [ -n "${2:-}" ] || { say "usage: $0 --report RUN_DIR"; exit 2; }

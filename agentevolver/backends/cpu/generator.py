@@ -16,6 +16,7 @@ computing padding until the longest one ends, and computes only the last positio
 from __future__ import annotations
 
 import asyncio
+import importlib.util
 import logging
 import numbers
 import threading
@@ -26,7 +27,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-from verl.workers.rollout.replica import TokenOutput
 
 from agentevolver.backends.cpu import decode_attention
 from agentevolver.backends.cpu.prefix_cache import PrefixCache
@@ -38,6 +38,25 @@ from agentevolver.backends.cpu.sampling import (
 )
 
 logger = logging.getLogger(__name__)
+
+if importlib.util.find_spec("verl") is not None:
+    from verl.workers.rollout.replica import TokenOutput
+else:
+
+    @dataclass(slots=True)
+    class TokenOutput:  # type: ignore[no-redef]
+        """The fields of verl's ``TokenOutput`` this generator fills, on a machine without verl.
+
+        With verl installed (every training run) ``generate`` returns verl's own pydantic class. Without it,
+        nothing can consume verl's class anyway, but the decoder itself still runs: the GPU kernel check
+        (:mod:`agentevolver.backends.gpu_kernel_check`) tests it on a GPU machine that has torch and
+        transformers only. Only a missing verl takes this branch; a verl that fails to import still raises.
+        """
+
+        token_ids: list[int]
+        log_probs: list[float] | None = None
+        stop_reason: str | None = None
+
 
 _DTYPES = ("float32", "bfloat16", "float16")
 #: generate() keyword arguments verl may pass; a non-empty value means input this text-only backend lacks.

@@ -239,16 +239,18 @@ def response_outputs(
     temperature: float | torch.Tensor = 1.0,
     calculate_entropy: bool = False,
     entropy_fn: Callable[[torch.Tensor], torch.Tensor] | None = None,
+    *,
+    logprob_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """(B, R) log-probs (and entropy) of the response tokens from the logits of the grouped rows.
 
     ``logits``: (G, K, V), the last K columns of the rows (K = L without ``logits_to_keep``);
     ``temperature``: one value or one per sample (B,). Zero past each sample's response. Log-probs use
-    verl's ``logprobs_from_logits``, entropy ``entropy_fn`` (default verl's ``entropy_from_logits``), as the
-    engine does.
+    ``logprob_fn(logits, labels)`` (default verl's ``logprobs_from_logits``), entropy ``entropy_fn`` (default
+    verl's ``entropy_from_logits``), as the engine does. verl is imported only for a default that is used, so
+    a caller passing both functions needs torch alone (the GPU kernel check runs where verl is not installed:
+    :mod:`agentevolver.backends.gpu_kernel_check`).
     """
-    from verl.utils.torch_functional import entropy_from_logits, logprobs_from_logits
-
     length = plan.input_ids.shape[1]
     kept = logits.shape[1]
     skip = length - kept
@@ -265,11 +267,20 @@ def response_outputs(
     # Flat indices row * L + column, re-based onto the kept window: row * K + column - skip.
     index = ((index // length) * kept + index % length - skip).where(valid, torch.zeros_like(index))
 
-    log_probs = logprobs_from_logits(logits, labels, inplace_backward=not calculate_entropy)
+    if logprob_fn is None:
+        from verl.utils.torch_functional import logprobs_from_logits
+
+        log_probs = logprobs_from_logits(logits, labels, inplace_backward=not calculate_entropy)
+    else:
+        log_probs = logprob_fn(logits, labels)
     out = log_probs.reshape(-1)[index].masked_fill(~valid, 0.0)
     entropy = None
     if calculate_entropy:
-        entropy = (entropy_fn or entropy_from_logits)(logits).reshape(-1)[index].masked_fill(~valid, 0.0)
+        if entropy_fn is None:
+            from verl.utils.torch_functional import entropy_from_logits
+
+            entropy_fn = entropy_from_logits
+        entropy = entropy_fn(logits).reshape(-1)[index].masked_fill(~valid, 0.0)
     return out, entropy
 
 
@@ -279,13 +290,17 @@ def shared_forward(
     temperature: float | torch.Tensor = 1.0,
     calculate_entropy: bool = False,
     prompt_logits: bool = False,
+    *,
+    logprob_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
+    entropy_fn: Callable[[torch.Tensor], torch.Tensor] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Log-prob (and entropy) of every response token under ``model``: one forward over the grouped rows.
 
     Returns (B, R) tensors, R the longest response, zero past each sample's response; differentiable.
+    ``logprob_fn``/``entropy_fn``: as in :func:`response_outputs` (default verl's).
     """
     logits = model(**model_inputs(model, plan, prompt_logits), use_cache=False).logits
-    return response_outputs(logits, plan, temperature, calculate_entropy)
+    return response_outputs(logits, plan, temperature, calculate_entropy, entropy_fn, logprob_fn=logprob_fn)
 
 
 def unshared_forward(
