@@ -184,6 +184,38 @@ def test_report_table_curves_and_commands(tmp_path: Path) -> None:
     assert json.loads((sa1.run_dir / STATE_FILE).read_text())["status"] == "done"
 
 
+def test_report_compares_each_arm_with_its_baseline_seed_by_seed(tmp_path: Path) -> None:
+    spec = load_spec(write_ablation(tmp_path, {"baseline": "grpo", "arms": {
+        "grpo": {}, "sn": {"overrides": ["exp_mode=init_train"]}, "few": {"overrides": ["data.train_max_samples=8"]},
+        "sq": {"baseline": "few", "overrides": ["task_manager.n=2"]}}}))
+    arms = parse_arms(spec, None)
+    assert {a.name: a.baseline for a in arms} == {"grpo": None, "sn": "grpo", "few": "grpo", "sq": "few"}
+    plan = plan_ablation(spec, tmp_path / "ablation.yaml", arms, [0, 1, 2], tmp_path / "out", [])
+    finals = {"grpo": (0.40, 0.50, 0.45), "sn": (0.50, 0.55, 0.55), "few": (0.30, 0.30, 0.30), "sq": (0.30, 0.40, 0.20)}
+    for run in plan.runs:
+        run.total_steps = 2
+        _fake_run(run.run_dir, {0: (0.3, 0.3), 2: (finals[run.arm][run.seed],) * 2}, 60)
+        if run.arm == "sn":  # Self-Navigating's split of training success, and validation without experience
+            lines = (run.run_dir / "metrics.jsonl").read_text().splitlines()
+            lines.append(json.dumps({"step": 1, "exp/success_with_experience": 0.5,
+                                     "exp/success_without_experience": 0.25}))
+            lines.append(json.dumps({"step": 2, "val-aux/calc/experience/mean@4": 0.0}))
+            (run.run_dir / "metrics.jsonl").write_text("\n".join(lines) + "\n")
+    results = write_report(plan, "python -m agentevolver.experiments ablation --conf x")
+    readme = (plan.out / "README.md").read_text()
+    # sn - grpo per seed: +10, +5, +10 -> mean +8.3, sd 2.89, t(0.975, 2) = 4.303 -> half width 7.17
+    assert "| sn | grpo | 3 | +8.3 | [+1.2, +15.5] | 0: +10.0, 1: +5.0, 2: +10.0 |" in readme
+    # sq against few (not grpo): 0, +10, -10 -> mean 0, interval +-24.8
+    assert "| sq | few | 3 | +0.0 | [-24.8, +24.8] | 0: +0.0, 1: +10.0, 2: -10.0 |" in readme
+    assert "| grpo | grpo |" not in readme
+    assert "| sn | 50.0 ± 0.0 | 25.0 ± 0.0 | 0% |" in readme
+    pair = next(a for a in json.loads((plan.out / "summary.json").read_text())["arms"] if a["arm"] == "sn")
+    assert pair["validation"]["calc"]["paired"]["baseline"] == "grpo"
+    assert [r.status for r in results] == ["done"] * 12
+    with pytest.raises(ConfigError, match="baseline: no arm 'nope'"):
+        load_spec(write_ablation(tmp_path, {"baseline": "nope", "arms": {"a": {}}}))
+
+
 def test_the_services_holder_lets_go_when_the_ablation_is_gone(tmp_path: Path) -> None:
     gone = subprocess.Popen([sys.executable, "-c", "pass"])
     gone.wait()

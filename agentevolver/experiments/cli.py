@@ -62,6 +62,10 @@ def _parser() -> argparse.ArgumentParser:
     ablation.add_argument("--dry-run", action="store_true",
                           help="compose every run's config, list the runs (done / to resume / new) and their "
                                "commands, start nothing")
+    ablation.add_argument("--report-only", action="store_true",
+                          help="write the report over this selection of arms and seeds from the runs on disk "
+                               "(e.g. every arm, while the runs were started by several invocations), start "
+                               "nothing")
     report = commands.add_parser("report", help="rewrite the report of an ablation folder from its runs",
                                  description="Rewrite README.md, curves.png, commands.sh and summary.json of an "
                                              "ablation folder from what its runs have written so far.")
@@ -91,7 +95,11 @@ def main(argv: list[str] | None = None, *, console: Console | None = None) -> in
     plan.out.mkdir(parents=True, exist_ok=True)
     (plan.out / PLAN_FILE).write_text(json.dumps({**plan.to_json(), "command_line": command_line, "written": now()},
                                                  indent=2), encoding="utf-8")
-    write_report(plan, command_line)
+    results = write_report(plan, command_line)
+    if args.report_only:
+        _print_summary(plan, results, console)
+        console.print(f"report: {plan.out / 'README.md'}  (curves.png, commands.sh, summary.json)")
+        return 0
     code = Runner(plan, console, after_run=lambda: _refresh_report(plan, command_line, console)).run()
     results = write_report(plan, command_line)
     _print_summary(plan, results, console)

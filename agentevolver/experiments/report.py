@@ -23,7 +23,8 @@ from typing import Any
 from agentevolver.experiments.plan import AblationPlan, RunPlan
 from agentevolver.experiments.state import RunState, now, read_metrics_file
 
-__all__ = ["ArmSummary", "RunResult", "arm_rows", "collect", "environments", "k_label", "summarize", "write_report"]
+__all__ = ["ArmSummary", "PairedDifference", "RunResult", "arm_rows", "collect", "environments", "experience_rows",
+           "k_label", "paired_differences", "summarize", "write_report"]
 
 _MEAN = re.compile(r"^val-core/(?P<env>.+)/(?P<var>[^/]+)/mean@(?P<k>\d+)$")
 _BEST = re.compile(r"^val-core/(?P<env>.+)/(?P<var>[^/]+)/best@(?P<k>\d+)/mean$")
@@ -40,6 +41,11 @@ class RunResult:
     k: int | None = None
     avg: dict[str, dict[int, float]] = field(default_factory=dict)  # env -> step -> avg@k
     best: dict[str, dict[int, float]] = field(default_factory=dict)  # env -> step -> best@k
+    #: Self-Navigating's split of training success (mean over the steps that logged it), and the share of
+    #: validation episodes that had experience at the final step, per env; None where not logged.
+    success_with_experience: float | None = None
+    success_without_experience: float | None = None
+    validation_experience: dict[str, float] = field(default_factory=dict)
 
     def before(self, env: str) -> float | None:
         return self.avg.get(env, {}).get(0)
@@ -104,10 +110,98 @@ def collect(plan: AblationPlan) -> list[RunResult]:
     for run in plan.runs:
         state = RunState(run)
         done = state.is_done()
-        k, avg, best = _curves(read_metrics_file(run.run_dir))
+        metrics = read_metrics_file(run.run_dir)
+        k, avg, best = _curves(metrics)
         results.append(RunResult(run=run, status="done" if done else state.status, attempts=len(state.attempts),
-                                 wall_s=state.wall_s(), k=k, avg=avg, best=best))
+                                 wall_s=state.wall_s(), k=k, avg=avg, best=best,
+                                 success_with_experience=_step_mean(metrics, "exp/success_with_experience"),
+                                 success_without_experience=_step_mean(metrics, "exp/success_without_experience"),
+                                 validation_experience=_final_experience(metrics, run.total_steps)))
     return results
+
+
+def _step_mean(metrics: dict[int, dict[str, float | None]], key: str) -> float | None:
+    values = [line[key] for step, line in metrics.items() if step > 0 and line.get(key) is not None]
+    return statistics.fmean(values) if values else None  # type: ignore[arg-type]
+
+
+_VAL_EXPERIENCE = re.compile(r"^val-aux/(?P<env>.+)/experience/mean@\d+$")
+
+
+def _final_experience(metrics: dict[int, dict[str, float | None]], final: int | None) -> dict[str, float]:
+    line = metrics.get(final, {}) if final is not None else {}
+    return {m["env"]: value for key, value in line.items()
+            if value is not None and (m := _VAL_EXPERIENCE.match(key))}
+
+
+@dataclass
+class PairedDifference:
+    """An arm against its baseline, seed by seed: after(arm, seed) - after(baseline, seed), on the seeds both
+    finished. The interval is Student's t at 95% over those differences (none for fewer than 2 seeds)."""
+
+    arm: str
+    baseline: str
+    diffs: dict[int, float]
+
+    @property
+    def mean(self) -> float | None:
+        return statistics.fmean(self.diffs.values()) if self.diffs else None
+
+    def interval(self) -> tuple[float, float] | None:
+        if len(self.diffs) < 2:
+            return None
+        from scipy import stats
+
+        values = list(self.diffs.values())
+        half = stats.t.ppf(0.975, len(values) - 1) * statistics.stdev(values) / len(values) ** 0.5
+        mean = statistics.fmean(values)
+        return mean - half, mean + half
+
+
+def paired_differences(plan: AblationPlan, results: list[RunResult], env: str) -> list[PairedDifference]:
+    """Every arm that names a baseline (``baseline`` in the ablation file), against it."""
+    finished = {(r.run.arm, r.run.seed): r for r in results if r.status == "done"}
+    out = []
+    for arm in plan.arms:
+        if arm.baseline is None:
+            continue
+        diffs = {}
+        for seed in plan.seeds:
+            mine, theirs = finished.get((arm.name, seed)), finished.get((arm.baseline, seed))
+            if mine is not None and theirs is not None:
+                a, b = mine.after(env), theirs.after(env)
+                if a is not None and b is not None:
+                    diffs[seed] = a - b
+        out.append(PairedDifference(arm.name, arm.baseline, diffs))
+    return out
+
+
+def paired_rows(plan: AblationPlan, results: list[RunResult], env: str) -> list[list[str]]:
+    rows = []
+    for pair in paired_differences(plan, results, env):
+        interval = pair.interval()
+        rows.append([pair.arm, pair.baseline, str(len(pair.diffs)),
+                     "—" if pair.mean is None else f"{100 * pair.mean:+.1f}",
+                     "—" if interval is None else f"[{100 * interval[0]:+.1f}, {100 * interval[1]:+.1f}]",
+                     ", ".join(f"{seed}: {100 * d:+.1f}" for seed, d in sorted(pair.diffs.items())) or "—"])
+    return rows
+
+
+def experience_rows(plan: AblationPlan, results: list[RunResult], env: str) -> list[list[str]]:
+    """Per arm whose runs logged them: training success with and without experience in the same groups
+    (``exp/success_with_experience`` / ``without``, mean over steps and seeds) and the share of final
+    validation episodes that ran with experience."""
+    rows = []
+    for summary in summarize(plan, results):
+        runs = summary.done
+        with_ = [r.success_with_experience for r in runs if r.success_with_experience is not None]
+        without = [r.success_without_experience for r in runs if r.success_without_experience is not None]
+        validation = [r.validation_experience[env] for r in runs if env in r.validation_experience]
+        if not with_ and not without:
+            continue
+        rows.append([summary.arm, _mean_sd(with_), _mean_sd(without),
+                     "—" if not validation else f"{100 * statistics.fmean(validation):.0f}%"])
+    return rows
 
 
 def summarize(plan: AblationPlan, results: list[RunResult]) -> list[ArmSummary]:
@@ -206,6 +300,23 @@ def render_markdown(plan: AblationPlan, results: list[RunResult], command_line: 
         lines += _table(["arm", "runs", f"avg@{k} before", f"avg@{k} after", "Δ", f"avg@{k} / best@{k} after",
                          "wall time / run", "roles"], arm_rows(plan, results, env))
         lines.append("")
+        paired = paired_rows(plan, results, env)
+        if paired:
+            lines += [f"### Against the baseline, seed by seed (points of avg@{k} after)", "",
+                      "Per seed: the arm's final validation minus its baseline's at the same seed (same data "
+                      "order, same sampling seed); the mean and Student's t 95% interval over the seeds both "
+                      "finished. An interval that contains 0 does not show a difference.", ""]
+            lines += _table(["arm", "baseline", "seeds", "mean difference", "95% interval", "per seed"], paired)
+            lines.append("")
+        experience = experience_rows(plan, results, env)
+        if experience:
+            lines += ["### Self-Navigating: with and without experience", "",
+                      "Training success of the episodes that had experience and of those that had none, in the "
+                      "same groups (mean over steps, ± std over seeds), and the share of the final validation's "
+                      "episodes that ran with experience.", ""]
+            lines += _table(["arm", "training success with experience", "without", "validation with experience"],
+                            experience)
+            lines.append("")
     lines += ["![validation curves](curves.png)", "", "## Runs", ""]
     run_rows = []
     for r in results:
@@ -312,6 +423,10 @@ def summary_json(plan: AblationPlan, results: list[RunResult]) -> dict[str, Any]
         per_env = {}
         for env in envs:
             per_env[env] = {which: summary.values(env, which) for which in ("before", "after", "best", "delta")}
+            pair = next((p for p in paired_differences(plan, results, env) if p.arm == summary.arm), None)
+            if pair is not None:
+                per_env[env]["paired"] = {"baseline": pair.baseline, "diffs": pair.diffs, "mean": pair.mean,
+                                          "interval95": pair.interval()}
         arms.append({"arm": summary.arm, "planned": summary.planned, "done": len(summary.done),
                      "roles": summary.roles, "wall_s": summary.wall(), "validation": per_env})
     runs = [{**r.run.to_json(), "status": r.status, "attempts": r.attempts, "wall_s": r.wall_s, "k": r.k,

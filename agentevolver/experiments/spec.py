@@ -46,6 +46,9 @@ class ArmSpec(_Model):
     services: list[str] = Field(default_factory=list)
     # Other arms whose overrides and services come first, in order (e.g. all = [sq, sn, sa]).
     include: list[str] = Field(default_factory=list)
+    # The arm this one is compared with seed by seed in the report (default: the file's `baseline`), e.g.
+    # sq against few when both train on the same few seed tasks.
+    baseline: str | None = None
 
 
 class AblationSpec(_Model):
@@ -67,6 +70,9 @@ class AblationSpec(_Model):
     run_overrides: list[str] = Field(default_factory=list)
     # Config keys that must be equal across arms for a fair comparison (checked, reported).
     budget_keys: list[str] = Field(default_factory=lambda: list(DEFAULT_BUDGET_KEYS))
+    # The arm every other arm is compared with, seed by seed, in the report (null = no paired comparison
+    # unless an arm names its own baseline).
+    baseline: str | None = None
     # The arms, in report order.
     arms: dict[str, ArmSpec] = Field(min_length=1)
 
@@ -85,6 +91,10 @@ class AblationSpec(_Model):
             unknown = [other for other in arm.include if other not in self.arms]
             if unknown:
                 raise ValueError(f"arms.{name}.include: no arm {unknown[0]!r}; arms: {', '.join(self.arms)}")
+            if arm.baseline is not None and arm.baseline not in self.arms:
+                raise ValueError(f"arms.{name}.baseline: no arm {arm.baseline!r}; arms: {', '.join(self.arms)}")
+        if self.baseline is not None and self.baseline not in self.arms:
+            raise ValueError(f"baseline: no arm {self.baseline!r}; arms: {', '.join(self.arms)}")
         for name in self.arms:
             self.resolve(name)  # raises on a cycle
         return self
@@ -102,8 +112,9 @@ class AblationSpec(_Model):
             services += part.services
         overrides += arm.overrides
         services += arm.services
+        baseline = arm.baseline if arm.baseline is not None else self.baseline
         return ResolvedArm(name=name, description=arm.description, overrides=overrides,
-                           services=list(dict.fromkeys(services)))
+                           services=list(dict.fromkeys(services)), baseline=None if baseline == name else baseline)
 
 
 class ResolvedArm(_Model):
@@ -113,6 +124,8 @@ class ResolvedArm(_Model):
     description: str
     overrides: list[str]
     services: list[str]
+    #: The arm it is compared with seed by seed (None: the baseline itself, or no comparison).
+    baseline: str | None = None
 
 
 def load_spec(path: Path) -> AblationSpec:
