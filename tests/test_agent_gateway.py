@@ -446,3 +446,11 @@ def test_program_settings_are_checked_with_the_key_named(tmp_path: Path) -> None
         AgentProgramConfig(callable="just_a_module")
     assert AgentProgramConfig(command="python agent.py --fast").command == ["python", "agent.py", "--fast"]
     assert json.loads(AgentProgramConfig().model_dump_json())["reward"] == "program"
+
+
+async def test_a_first_prompt_over_the_budget_ends_the_episode_at_its_budget_not_as_a_failure(env: EnvClient) -> None:
+    policy = ScriptedPolicy()
+    result = await episodes(env, policy, callable=f"{OPENAI_AGENT}:run", reward="env", max_model_len=300,
+                            max_response_len=100).run(spec(), SAMPLING)
+    assert (result.termination, result.failure, result.samples, policy.calls) == ("budget", None, [], [])
+    assert "context is full" in result.error and "data.max_prompt_length" in result.error

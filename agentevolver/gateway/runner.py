@@ -125,8 +125,10 @@ class ProgramEpisodes:
             reward_url=f"{base}/reward", task_id=spec.task_id, env_type=spec.env_type,
             query=next((m.content for m in reversed(opening) if m.role == "user"), ""),
             messages=[m.model_dump(exclude_none=True) for m in opening], tools=tools, metadata=spec.metadata)
-        run = await self.program.run(task)
-        episode = await self.gateway.close(episode_id)
+        try:
+            run = await self.program.run(task)
+        finally:  # also when the episode is cancelled: its endpoint must not outlive it
+            episode = await self.gateway.close(episode_id)
         termination, error, fault = self._ending(run, episode)
         reward = Reward(description="no reward: the episode failed")
         if fault is None and termination != "error":
@@ -148,8 +150,9 @@ class ProgramEpisodes:
         calls = episode.calls
         if episode.generate_errors and run.fault is not None:
             return "error", f"generation failed ({episode.generate_errors} call(s)); {run.error}", None
-        if run.fault is not None and (calls.budget_exhausted or episode.max_steps_hit) and calls.num_calls:
-            # the program stopped because the gateway refused a call at a budget: a normal end, trained
+        if run.fault is not None and (calls.budget_exhausted or episode.max_steps_hit):
+            # the program stopped because the gateway refused a call at a budget: a normal end, trained (a
+            # first prompt already over the budget ends like an agent-flow episode's: no sample, no failure)
             return ("budget" if calls.budget_exhausted else "max_steps"), run.error, None
         if run.fault is not None:
             return "error", run.error, run.fault
