@@ -454,3 +454,15 @@ async def test_a_first_prompt_over_the_budget_ends_the_episode_at_its_budget_not
                             max_response_len=100).run(spec(), SAMPLING)
     assert (result.termination, result.failure, result.samples, policy.calls) == ("budget", None, [], [])
     assert "context is full" in result.error and "data.max_prompt_length" in result.error
+
+
+async def test_a_synthetic_tasks_question_reaches_the_program(env: EnvClient) -> None:
+    """Self-Questioning's tasks carry their own question (``query``): the program is given it, as the agent
+    flow puts it in place of the environment's question."""
+    policy = ScriptedPolicy()
+    source = episodes(env, policy, callable=f"{THIS}:answers_with_exemplars")
+    result = await source.run(spec(query="How many minutes are in 7 hours?",
+                                   metadata={"evaluator": "env", "synthetic": True}), SAMPLING)
+    assert result.failure is None
+    prompt = tokenizer().decode(policy.calls[0]["prompt_ids"])
+    assert "How many minutes are in 7 hours?" in prompt
