@@ -36,8 +36,6 @@ import argparse
 import asyncio
 import copy
 import dataclasses
-import importlib
-import importlib.util
 import itertools
 import json
 import os
@@ -319,8 +317,7 @@ def check_generator(device: torch.device, dtype: str, base: torch.nn.Module, see
               f"{worst_gap:.3g} <= {GEN_TIE_TOL[dtype]:g}); log-probs vs an fp32 forward: max {lp_max:.3g} "
               f"(<= {max_tol:g}), mean {lp_mean:.3g} (<= {mean_tol:g}); transformers' own {dtype} forward: max "
               f"{own_max:.3g}, mean {own_mean:.3g}")
-    if problems:
-        detail = "; ".join(problems[:4]) + (f" (+{len(problems) - 4} more)" if len(problems) > 4 else "")
+    detail = _problems_first(problems, detail)
     return CheckResult(
         f"generator {dtype}", not problems, detail,
         measured={"requests": sum(counts.values()), "equal": equal, "parted_at_near_tie": parted,
@@ -439,41 +436,22 @@ def check_shared_prompt(device: torch.device, dtype: str, base: torch.nn.Module,
                                "leak_min": [LEAK_FACTOR * max_tol, LEAK_FACTOR * mean_tol]})
 
 
+def _problems_first(problems: list[str], detail: str) -> str:
+    """A check's report line: its measurements, or, when it failed, the first four problems."""
+    if not problems:
+        return detail
+    return "; ".join(problems[:4]) + (f" (+{len(problems) - 4} more)" if len(problems) > 4 else "")
+
+
 # -- (c) ADCA -----------------------------------------------------------------------------------------------
 
 
 def adca_modules() -> tuple[ModuleType, ModuleType, ModuleType]:
-    """``(groups, adca_grpo, naive)`` of :mod:`agentevolver.module.adv_processor`, without its ``__init__``.
+    """``(groups, adca_grpo, naive)`` of :mod:`agentevolver.module.adv_processor`: the maths modules, which
+    need torch and numpy only (the package's ``__init__`` imports the judge's stack lazily)."""
+    from agentevolver.module.adv_processor import adca_grpo, groups, naive
 
-    The package's ``__init__`` re-exports the judge and the trainer stage, which import pydantic, omegaconf,
-    tenacity and the HTTP clients; the maths modules need torch and numpy only. When the package is not
-    imported yet, the three files are loaded under their own module names (groups first: the other two
-    import it by that name, which ``sys.modules`` then answers without importing the package). A later
-    ``import agentevolver.module.adv_processor`` still runs the ``__init__`` and reuses these modules.
-    """
-    package = "agentevolver.module.adv_processor"
-    names = ("groups", "adca_grpo", "naive")
-    if package in sys.modules:
-        return tuple(importlib.import_module(f"{package}.{name}") for name in names)  # type: ignore[return-value]
-    import agentevolver.module
-
-    folder = Path(agentevolver.module.__file__).parent / "adv_processor"
-    loaded = []
-    for name in names:
-        full = f"{package}.{name}"
-        if full not in sys.modules:
-            spec = importlib.util.spec_from_file_location(full, folder / f"{name}.py")
-            if spec is None or spec.loader is None:
-                raise ImportError(f"cannot load {full} from {folder / f'{name}.py'}")
-            module = importlib.util.module_from_spec(spec)
-            sys.modules[full] = module
-            try:
-                spec.loader.exec_module(module)
-            except BaseException:
-                del sys.modules[full]
-                raise
-        loaded.append(sys.modules[full])
-    return tuple(loaded)  # type: ignore[return-value]
+    return groups, adca_grpo, naive
 
 
 def _adca_batch(seed: int, size: int, length: int, max_steps: int) -> dict[str, Any]:
@@ -566,8 +544,7 @@ def check_adca(device: torch.device, seed: int) -> CheckResult:
               f"{ADCA_RTOL:g}|x|), outcome scores {worst['orm_scores']:.3g}, step advantages "
               f"{worst['step_advantages']:.3g}, metrics {worst['metrics']:.3g}; CPU vs per-sample oracle "
               f"{worst['oracle']:.3g} (<= {ADCA_ORACLE_TOL:g})")
-    if problems:
-        detail = "; ".join(problems[:4]) + (f" (+{len(problems) - 4} more)" if len(problems) > 4 else "")
+    detail = _problems_first(problems, detail)
     return CheckResult("adca", not problems, detail, measured={"cases": len(cases), "max_abs_diff": worst,
                                                                "problems": problems},
                        limits={"atol": ADCA_ATOL, "rtol": ADCA_RTOL, "oracle": ADCA_ORACLE_TOL})

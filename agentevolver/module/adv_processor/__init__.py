@@ -7,50 +7,30 @@ labels from the environment service where it can give them, and the judge's agre
 broadcast to tokens),
 :mod:`.stage` (the trainer's ``judge`` stage and the ADCA part of its ``adv`` stage). :mod:`.naive` is the same maths as a per-sample loop, kept
 as the tests' oracle and the benchmark's baseline. The maths in full: docs/adca.md.
+
+Attributes are imported on first access (PEP 562), so importing one module of this package (the maths in
+:mod:`.adca_grpo`, which needs only torch and numpy) does not import the judge's pydantic/LLM-client stack: the
+GPU kernel check (:mod:`agentevolver.backends.gpu_kernel_check`) runs it where only torch is installed.
 """
 
-from agentevolver.module.adv_processor.adca_grpo import (
-    AdcaAdvantages,
-    AdcaHyper,
-    compute_prm_grpo_advantages,
-    cosine_alpha,
-    prm_grpo_advantages,
-)
-from agentevolver.module.adv_processor.env_labels import (
-    EnvLabelsResult,
-    EnvStepLabeller,
-    agreement_metrics,
-    env_step_flags,
-)
-from agentevolver.module.adv_processor.judge import JudgeInput, StepFlagsResult, evaluate_step_flags
-from agentevolver.module.adv_processor.judge_prompt import (
-    JudgeParseError,
-    Transcript,
-    build_judge_messages,
-    parse_step_judgments,
-    transcript_from_record,
-)
-from agentevolver.module.adv_processor.stage import ADCA_ESTIMATOR, AdcaStage, StepLabels
+from __future__ import annotations
 
-__all__ = [
-    "ADCA_ESTIMATOR",
-    "AdcaAdvantages",
-    "AdcaHyper",
-    "AdcaStage",
-    "EnvLabelsResult",
-    "EnvStepLabeller",
-    "JudgeInput",
-    "JudgeParseError",
-    "StepFlagsResult",
-    "StepLabels",
-    "Transcript",
-    "agreement_metrics",
-    "build_judge_messages",
-    "compute_prm_grpo_advantages",
-    "cosine_alpha",
-    "env_step_flags",
-    "evaluate_step_flags",
-    "parse_step_judgments",
-    "prm_grpo_advantages",
-    "transcript_from_record",
-]
+import importlib
+from typing import Any
+
+_WHERE = {
+    **dict.fromkeys(("AdcaAdvantages", "AdcaHyper", "compute_prm_grpo_advantages", "cosine_alpha",
+                     "prm_grpo_advantages"), "adca_grpo"),
+    **dict.fromkeys(("EnvLabelsResult", "EnvStepLabeller", "agreement_metrics", "env_step_flags"), "env_labels"),
+    **dict.fromkeys(("JudgeInput", "StepFlagsResult", "evaluate_step_flags"), "judge"),
+    **dict.fromkeys(("JudgeParseError", "Transcript", "build_judge_messages", "parse_step_judgments",
+                     "transcript_from_record"), "judge_prompt"),
+    **dict.fromkeys(("ADCA_ESTIMATOR", "AdcaStage", "StepLabels"), "stage"),
+}
+__all__ = sorted(_WHERE)
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _WHERE:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(f"{__name__}.{_WHERE[name]}"), name)
