@@ -8,9 +8,10 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import httpx
 from ports import free_port
@@ -64,3 +65,16 @@ def env_service(envs: str, *extra: str, tmp_path: Path, env: dict[str, str] | No
             except subprocess.TimeoutExpired:
                 process.kill()
                 process.wait()
+
+
+@contextlib.asynccontextmanager
+async def quick_env_client(url: str) -> AsyncIterator[Any]:
+    """An env client for episode tests: one retry with short back-offs, so a test of a failure does not wait
+    through the production retry schedule; closed afterwards."""
+    from agentevolver.client.env_client import EnvClient, EnvClientSettings
+
+    client = EnvClient(EnvClientSettings(env_url=url, max_retries=1, backoff_initial_s=0.05, backoff_max_s=0.1))
+    try:
+        yield client
+    finally:
+        await client.aclose()

@@ -18,7 +18,7 @@ from typing import Any
 
 import httpx
 import pytest
-from env_service_fixture import env_service
+from env_service_fixture import env_service, quick_env_client
 from hypothesis import given
 from hypothesis import strategies as st
 from scripted_openai_server import SCRIPTED_API_KEY_ENV, ScriptedOpenAIServer
@@ -26,7 +26,7 @@ from transformers import AutoTokenizer
 from verl.experimental.agent_loop.agent_loop import DictConfigWrap
 from verl.workers.rollout.replica import TokenOutput
 
-from agentevolver.client.env_client import EnvClient, EnvClientSettings
+from agentevolver.client.env_client import EnvClient
 from agentevolver.client.llm_client import LLMClient
 from agentevolver.config import compose_config
 from agentevolver.errors import ConfigError
@@ -86,9 +86,8 @@ def service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 
 @pytest.fixture
 async def env(service: str) -> Any:
-    client = EnvClient(EnvClientSettings(env_url=service, max_retries=1, backoff_initial_s=0.05, backoff_max_s=0.1))
-    yield client
-    await client.aclose()
+    async with quick_env_client(service) as client:
+        yield client
 
 
 def live_instances(url: str) -> int:

@@ -22,11 +22,11 @@ from typing import Any
 
 import httpx
 import pytest
-from env_service_fixture import env_service
+from env_service_fixture import env_service, quick_env_client
 from transformers import AutoTokenizer
 from verl.workers.rollout.replica import TokenOutput
 
-from agentevolver.client.env_client import EnvClient, EnvClientSettings
+from agentevolver.client.env_client import EnvClient
 from agentevolver.config.agent_program import AgentProgramConfig
 from agentevolver.errors import ConfigError
 from agentevolver.gateway.program import load_callable
@@ -76,9 +76,8 @@ def service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 
 @pytest.fixture
 async def env(service: str) -> Any:
-    client = EnvClient(EnvClientSettings(env_url=service, max_retries=1, backoff_initial_s=0.05, backoff_max_s=0.1))
-    yield client
-    await client.aclose()
+    async with quick_env_client(service) as client:
+        yield client
 
 
 def episodes(env: EnvClient, policy: ScriptedPolicy, *, max_model_len: int = 4096, max_response_len: int = 1024,
