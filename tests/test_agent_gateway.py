@@ -429,6 +429,9 @@ async def test_bad_requests_unknown_and_finished_episodes_get_json_errors(env: E
         assert finished.status_code == 409 and finished.json()["error"]["code"] == "episode_finished"
         late = await client.post(f"{url}/episodes/ep1/reward", json={"reward": 1})
         assert late.status_code == 409
+        counters = (await client.get(f"{url}/stats")).json()
+        assert counters["opened"] == counters["closed"] == 1 and counters["open"] == 0
+        assert counters["calls"] == 2  # the two answered; requests refused by validation never reach a call
     await source.server.stop()
 
 

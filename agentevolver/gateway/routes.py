@@ -33,6 +33,12 @@ GatewayDep = Annotated[Gateway, Depends(_gateway)]
 router = APIRouter()
 
 
+@router.get("/stats", response_model=dict[str, int])
+async def stats(gateway: GatewayDep) -> dict[str, int]:
+    """Counters of this gateway: episodes opened, closed and open now; calls answered and refused."""
+    return {**gateway.counters, "open": len(gateway.episodes)}
+
+
 @router.get("/episodes/{episode_id}/v1/models", response_model=ModelList, responses=errors(404, 409))
 async def models(episode_id: str, gateway: GatewayDep) -> dict[str, Any]:
     """The one model an episode talks to: the policy being trained."""
