@@ -242,3 +242,113 @@ def check_all(cpu: bool) -> None:
         except VerlChangedError as err:
             raise VerlChangedError(
                 f"verl {getattr(verl, '__version__', '?')} does not match AgentEvolver's {name}: {err}") from err
+
+
+# --- 4. vLLM on CPU: linear weights stay loadable ---------------------------------------------------------
+#
+# Applied only inside verl's vLLM engine worker on CPU, by the worker extension the ``vllm_cpu`` backend preset
+# names (``rollout.engine_kwargs.vllm.worker_extension_cls`` ->
+# :class:`agentevolver.backends.vllm_cpu.CPUWorkerExtension`), before vLLM loads the model.
+#
+# Patched: ``vllm.model_executor.layers.linear.UnquantizedLinearMethod.process_weights_after_loading``. On the
+# CPU platform it calls ``dispatch_cpu_unquantized_gemm(layer, remove_weight=True)``: the weight is packed for
+# vLLM's oneDNN / sgl / zentorch kernel and ``layer.weight`` is replaced by an empty Parameter without a
+# ``weight_loader``. verl's weight sync (``vLLMColocateWorkerExtension.update_weights_from_ipc``) writes the
+# actor's tensors through ``model.load_weights`` into those parameters, so the first sync failed with
+# "'Parameter' object has no attribute 'weight_loader'". The replacement dispatches with
+# ``remove_weight=False``: the unpacked weight stays a real, loadable parameter next to the packed copy (the
+# linear weights are held twice in the rollout server's memory), and verl's sync already calls vLLM's
+# ``process_weights_after_loading`` once after the last bucket, which packs the new weights again, so the
+# kernels compute with the synced weights. Off the CPU platform the original runs unchanged. Delete it once
+# vLLM keeps CPU linear weights reloadable (its layerwise-reload path) and verl's sync uses that path.
+
+#: The patched method, as ``module:attribute``.
+VLLM_LINEAR_TARGET = "vllm.model_executor.layers.linear:UnquantizedLinearMethod.process_weights_after_loading"
+_VLLM_LINEAR_SOURCE = "dispatch_cpu_unquantized_gemm(layer, remove_weight=True)"
+_VLLM_DISPATCH_TARGET = "vllm.model_executor.layers.utils:dispatch_cpu_unquantized_gemm"
+_VLLM_DISPATCH_PARAMETERS = ("layer", "remove_weight")
+#: What the dispatch must still do for ``remove_weight=False`` to leave ``layer.weight`` alone.
+_VLLM_DISPATCH_SOURCE = ("if remove_weight:", "layer.weight = torch.nn.Parameter(torch.empty(0)")
+#: What verl's sync must still do after the last bucket for the packed copy to be rebuilt from the new weights.
+_VERL_SYNC_TARGET = "verl.workers.rollout.vllm_rollout.utils:vLLMColocateWorkerExtension.update_weights_from_ipc"
+_VERL_SYNC_SOURCE = "process_weights_after_loading(model, model_config, self.device)"
+_VLLM_MARKER = "__agentevolver_vllm_cpu_patch__"
+
+
+def _vllm_version() -> str:
+    try:
+        from importlib.metadata import version
+
+        return version("vllm-cpu")
+    except Exception:  # only for the message
+        return "?"
+
+
+def _check_vllm_linear(method: Callable[..., Any], dispatch: Callable[..., Any], sync: Callable[..., Any]) -> None:
+    where = f"(vllm-cpu {_vllm_version()}). Re-check agentevolver/verl/patches.py (patch 4)."
+    if _VLLM_LINEAR_SOURCE not in _source(method, VLLM_LINEAR_TARGET):
+        raise VerlChangedError(f"{VLLM_LINEAR_TARGET} no longer calls {_VLLM_LINEAR_SOURCE} {where}")
+    parameters = tuple(inspect.signature(dispatch).parameters)
+    if parameters != _VLLM_DISPATCH_PARAMETERS:
+        raise VerlChangedError(f"{_VLLM_DISPATCH_TARGET} now takes {parameters}, not {_VLLM_DISPATCH_PARAMETERS} "
+                               f"{where}")
+    source = _source(dispatch, _VLLM_DISPATCH_TARGET)
+    missing = [line for line in _VLLM_DISPATCH_SOURCE if line not in source]
+    if missing:
+        raise VerlChangedError(f"{_VLLM_DISPATCH_TARGET} no longer contains {missing} {where}")
+    if _VERL_SYNC_SOURCE not in _source(sync, _VERL_SYNC_TARGET):
+        raise VerlChangedError(f"{_VERL_SYNC_TARGET} no longer calls {_VERL_SYNC_SOURCE}: the packed vLLM CPU "
+                               f"weights would keep the old values after a sync {where}")
+
+
+def check_vllm_cpu() -> None:
+    """Patch 4's guard against the installed vLLM and verl (the setup of the vLLM-CPU venv runs it).
+
+    Raises:
+        VerlChangedError: vLLM's CPU linear layers or verl's sync no longer look as patch 4 expects.
+    """
+    from verl.workers.rollout.vllm_rollout.utils import vLLMColocateWorkerExtension
+    from vllm.model_executor.layers import linear, utils
+
+    method = linear.UnquantizedLinearMethod.process_weights_after_loading
+    method = getattr(method, "__wrapped__", method) if getattr(method, _VLLM_MARKER, False) else method
+    _check_vllm_linear(method, utils.dispatch_cpu_unquantized_gemm,
+                       vLLMColocateWorkerExtension.update_weights_from_ipc)
+
+
+def vllm_cpu_linear_is_patched() -> bool:
+    """Whether :func:`apply_vllm_cpu_linear` has replaced vLLM's method in this process."""
+    from vllm.model_executor.layers import linear
+
+    return getattr(linear.UnquantizedLinearMethod.process_weights_after_loading, _VLLM_MARKER, False)
+
+
+def apply_vllm_cpu_linear() -> bool:
+    """Install patch 4 (idempotent); True when installed by this call.
+
+    Raises:
+        VerlChangedError: vLLM's or verl's code differs from the one this patch was written for.
+    """
+    from vllm.model_executor.layers import linear, utils
+    from vllm.platforms import current_platform
+
+    method_cls = linear.UnquantizedLinearMethod
+    original = method_cls.process_weights_after_loading
+    if getattr(original, _VLLM_MARKER, False):
+        return False
+    check_vllm_cpu()
+
+    @functools.wraps(original)
+    def process_weights_after_loading(self, layer):
+        if current_platform.is_cpu():
+            # keep layer.weight (with its weight_loader) next to the packed copy, so weight syncs can load it
+            utils.dispatch_cpu_unquantized_gemm(layer, remove_weight=False)
+        else:
+            original(self, layer)
+
+    setattr(process_weights_after_loading, _VLLM_MARKER, True)
+    method_cls.process_weights_after_loading = process_weights_after_loading
+    return True
+
+
+__all__ += ["VLLM_LINEAR_TARGET", "apply_vllm_cpu_linear", "check_vllm_cpu", "vllm_cpu_linear_is_patched"]
