@@ -74,16 +74,13 @@ class _EmbeddedServer(uvicorn.Server):
 class GatewayServer:
     """Serves a gateway's app on the running event loop (see the module docstring).
 
-    ``port`` 0 takes a free port; :attr:`url` is known once :meth:`start` returned. ``advertise_host`` is the
-    host written into the programs' ``base_url`` (default: the bound host).
+    ``port`` 0 takes a free port; :attr:`url` (the programs' base) is known once :meth:`start` returned.
     """
 
-    def __init__(self, gateway: Gateway, *, host: str = "127.0.0.1", port: int = 0,
-                 advertise_host: str | None = None) -> None:
+    def __init__(self, gateway: Gateway, *, host: str = "127.0.0.1", port: int = 0) -> None:
         self.gateway = gateway
         self.host = host
         self.port = port
-        self.advertise_host = advertise_host or host
         self._server: _EmbeddedServer | None = None
         self._task: asyncio.Task[None] | None = None
 
@@ -91,7 +88,7 @@ class GatewayServer:
     def url(self) -> str:
         if self._server is None or not self._server.started:
             raise RuntimeError("the gateway is not serving yet: await start() first")
-        return f"http://{self.advertise_host}:{self.port}"
+        return f"http://{self.host}:{self.port}"
 
     async def start(self) -> None:
         """Bind and serve; returns once requests are answered. The socket is bound here, not by uvicorn,
