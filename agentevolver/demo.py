@@ -17,6 +17,7 @@ from rich.table import Table
 
 from agentevolver.config import load_config
 from agentevolver.errors import AgentEvolverError
+from agentevolver.module.agent_flow.plugins import plugin_name_errors
 
 #: Demo tool schema (OpenAI function format), rendered into the system turn by the chat template.
 CALCULATOR_TOOL = {
@@ -41,7 +42,7 @@ def run(overrides: list[str], question: str, max_new_tokens: int, console: Conso
     from agentevolver.models import resolve_model_path
     from agentevolver.module.adv_processor.stage import adca_on
 
-    cfg, settings = load_config(overrides)
+    cfg, settings = load_config(overrides, checks=(plugin_name_errors,))
     table = Table(title="config (validated)", show_header=True)
     table.add_column("key")
     table.add_column("value")

@@ -31,8 +31,9 @@ def prepare_config(cfg: DictConfig) -> DictConfig:
     """Validate our sections and fill the derived verl keys (in place; returns ``cfg``)."""
     from agentevolver.models import resolve_model_path
     from agentevolver.module.agent_flow.dump import rollout_dump_dir
+    from agentevolver.module.agent_flow.plugins import plugin_name_errors
 
-    settings = validate_config(cfg)
+    settings = validate_config(cfg, checks=(plugin_name_errors,))
     _check_loggers(cfg.trainer.get("logger"))
     _one_adca_switch(cfg)
     _check_stages(cfg, settings)

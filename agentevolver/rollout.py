@@ -30,6 +30,7 @@ from rich.table import Table
 
 from agentevolver.config import load_config
 from agentevolver.errors import AgentEvolverError, ConfigError
+from agentevolver.module.agent_flow.plugins import plugin_name_errors
 
 __all__ = ["main", "run_rollout"]
 
@@ -50,10 +51,11 @@ async def run_rollout(args: argparse.Namespace, console: Console) -> tuple[list[
     from agentevolver.module.agent_flow.dump import rollout_dump_dir
     from agentevolver.module.agent_flow.flow import clipper_for
     from agentevolver.module.agent_flow.runner import group_specs, run_episodes
+    from agentevolver.module.task_manager.store import original_objectives
     from agentevolver.verl.agent_loop import flow_budgets, retriever_for
-    from agentevolver.verl.task_dataset import spread_over, task_rows
+    from agentevolver.verl.task_dataset import spread_over
 
-    cfg, settings = load_config(args.overrides, config_name=args.config_name)
+    cfg, settings = load_config(args.overrides, config_name=args.config_name, checks=(plugin_name_errors,))
     rollout = cfg.actor_rollout_ref.rollout
     env_type = settings.env_service.env_type
     n = args.n if args.n is not None else int(rollout.n)
@@ -71,7 +73,8 @@ async def run_rollout(args: argparse.Namespace, console: Console) -> tuple[list[
         flow = AgentFlow(settings.agent_flow, tokenizer=generator.tokenizer, env_client=env,
                          generate=generator.generate, clipper=clipper_for(settings.agent_flow, settings.llm),
                          retriever=retriever_for(cfg), **budgets)
-        specs = group_specs(task_rows(task_ids, env_type, settings.env_service.create_params), n)
+        specs = group_specs(original_objectives(task_ids, env_type, "env"), n,
+                            env_params=settings.env_service.create_params)
         if settings.memory.enable_context_generator:
             specs = _with_experience_plan(specs, settings.exp_manager, args.step)
         sampling = _sampling_params(rollout, args.greedy)

@@ -44,6 +44,7 @@ from agentevolver.module.agent_flow import (
     rollout_dump_path,
 )
 from agentevolver.module.agent_flow.runner import group_specs, run_episodes
+from agentevolver.module.task_manager.store import original_objectives
 from agentevolver.module.tools import ToolRegistry, ToolResult
 from agentevolver.verl.agent_loop import AgentEvolverAgentLoop, episode_spec_from_row
 from env_service.environments.calc.tasks import get_task
@@ -454,7 +455,7 @@ async def test_discarded_experience_is_stripped_from_the_trained_prompt(env: Env
 
 # ----------------------------------------------------------------------------------------- many episodes, dumps
 async def test_concurrent_groups_release_everything_and_keep_order(env: EnvClient, service: str) -> None:
-    specs = group_specs([{"task_id": f"t{i}", "env_type": "echo"} for i in range(4)], n=3)
+    specs = group_specs(original_objectives([f"t{i}" for i in range(4)], "echo", "env"), n=3)
     flow = make_flow(env, ScriptedPolicy([]))  # every reply is "bye"
     results = await run_episodes(flow, specs, SAMPLING, concurrency=5)
     assert [(r.task_id, r.rollout_id) for r in results] == [(s.task_id, s.rollout_id) for s in specs]
@@ -509,7 +510,8 @@ async def test_verl_agent_loop_runs_the_episode(service: str) -> None:
     loop = AgentEvolverAgentLoop(trainer_config=DictConfigWrap(cfg), server_manager=ServerManager(),
                                  tokenizer=tokenizer(), processor=None, dataset_cls=None,
                                  data_config=DictConfigWrap(cfg.data))
-    out = await loop.run(dict(SAMPLING, logprobs=True), task={"task_id": "t1", "env_type": "echo"}, uid="u7")
+    out = await loop.run(dict(SAMPLING, logprobs=True), task=original_objectives(["t1"], "echo", "env")[0],
+                         uid="u7")
     assert out.reward_score == 1.0 and out.num_turns == 2
     assert len(out.response_ids) == len(out.response_mask) == len(out.response_logprobs)
     assert out.extra_fields["termination"] == "finished" and out.extra_fields["group_id"] == "u7"
@@ -520,7 +522,8 @@ async def test_verl_agent_loop_runs_the_episode(service: str) -> None:
     assert (step_ids[len(out.response_ids):] == -1).all()
     assert out.extra_fields["other_samples"] == []  # linear: one sample per episode
     assert out.extra_fields["episode_record"]["response_ids"] == out.response_ids
-    failed = await loop.run(dict(SAMPLING, logprobs=True), task={"task_id": "nope", "env_type": "echo"}, uid="u8")
+    failed = await loop.run(dict(SAMPLING, logprobs=True), task=original_objectives(["nope"], "echo", "env")[0],
+                            uid="u8")
     assert failed.response_ids == [] and failed.reward_score == 0.0 and len(failed.prompt_ids) == 1
     assert failed.extra_fields["termination"] == "env_error"
 
@@ -528,9 +531,12 @@ async def test_verl_agent_loop_runs_the_episode(service: str) -> None:
 def test_episode_spec_from_row_errors_name_the_field() -> None:
     with pytest.raises(ConfigError, match="'task' field"):
         episode_spec_from_row({"uid": "x"})
-    built = episode_spec_from_row({"task": json.dumps({"task_id": "a", "env_type": "echo"}), "uid": "u",
-                                   "rollout_id": 2})
-    assert (built.group_id, built.rollout_id) == ("u", 2)
+    with pytest.raises(ConfigError, match=r"'task' field holding a TaskObjective.*got str"):
+        episode_spec_from_row({"task": json.dumps({"task_id": "a", "env_type": "echo"}), "uid": "x"})
+    (objective,) = original_objectives(["a"], "echo", "env")
+    built = episode_spec_from_row({"task": objective, "uid": "u", "rollout_id": 2, "env_params": {"level": 1}})
+    assert (built.group_id, built.rollout_id, built.env_params) == ("u", 2, {"level": 1})
+    assert built.task is objective.task
 
 
 def test_the_experience_plan_reaches_the_episode_under_one_name() -> None:
@@ -540,7 +546,7 @@ def test_the_experience_plan_reaches_the_episode_under_one_name() -> None:
     from agentevolver.module.exp_manager.manager import PLAN_COLUMNS
 
     assert set(PLAN_COLUMNS) <= set(EpisodeSpec.model_fields)
-    row = {"task": {"task_id": "a", "env_type": "echo"}, "uid": "u", "add_experience": np.bool_(True),
+    row = {"task": original_objectives(["a"], "echo", "env")[0], "uid": "u", "add_experience": np.bool_(True),
            "train_mode": "discard"}
     built = episode_spec_from_row(row)
     assert (built.add_experience, built.train_mode) == (True, "discard")
@@ -557,6 +563,6 @@ def test_yaml_section_equals_the_model_defaults() -> None:
 
 def test_run_episodes_rejects_bad_counts() -> None:
     with pytest.raises(ValueError, match="n"):
-        group_specs([{"task_id": "a", "env_type": "echo"}], 0)
+        group_specs(original_objectives(["a"], "echo", "env"), 0)
     with pytest.raises(ValueError, match="concurrency"):
         asyncio.run(run_episodes(None, [], SAMPLING, concurrency=0))  # type: ignore[arg-type]

@@ -22,7 +22,7 @@ from training_fixture import training_timeout
 
 from agentevolver.errors import ConfigError
 from agentevolver.module.agent_flow.episode import EpisodeResult, EpisodeSpec
-from agentevolver.schema import Reward
+from agentevolver.schema import Reward, Task, TaskObjective
 from agentevolver.schema.sample import Sample
 from agentevolver.verl.custom_reward import (
     RewardFunctionError,
@@ -82,8 +82,8 @@ def _config(path: Path | None, name: str = "compute_score", **reward_kwargs: Any
 
 
 def _episode(outcome: float = 1.0) -> tuple[EpisodeResult, EpisodeSpec]:
-    spec = EpisodeSpec(task_id="t1", env_type="calc", group_id="g", rollout_id=3, query="2+2?",
-                       metadata={"evaluator": "llm", "ground_truth": "4"})
+    task = Task(task_id="t1~syn", env_type="calc", query="2+2?", evaluator="llm", ground_truth="4")
+    spec = EpisodeSpec.for_objective(TaskObjective(task=task, seed_task_id="t1"), group_id="g", rollout_id=3)
     sample = Sample(task_id="t1", group_id="g", rollout_id=3, prompt_ids=[1, 2], response_ids=[0, 1, 100, 2],
                     response_mask=[1, 1, 0, 1], step_ids=[0, 0, -1, 1])
     result = EpisodeResult(task_id="t1", env_type="calc", group_id="g", rollout_id=3, termination="finished",

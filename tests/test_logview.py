@@ -48,8 +48,8 @@ async def _record_flow_step(service: str, run: Path, step: int) -> None:
     from agentevolver.config import load_config
     from agentevolver.module.agent_flow import AgentFlow
     from agentevolver.module.agent_flow.runner import group_specs, run_episodes
+    from agentevolver.module.task_manager.store import original_objectives
     from agentevolver.verl.agent_loop import flow_budgets
-    from agentevolver.verl.task_dataset import task_rows
 
     cfg, settings = load_config([f"env_service.env_url={service}", *COMMON])
     budgets = flow_budgets(cfg)
@@ -58,8 +58,8 @@ async def _record_flow_step(service: str, run: Path, step: int) -> None:
         flow = AgentFlow(settings.agent_flow, tokenizer=generator.tokenizer, env_client=env,
                          generate=generator.generate, **budgets)
         calc_task = (await env.aget_env_profile("calc", "val"))[0]
-        specs = (group_specs(task_rows([calc_task], "calc"), 2, experience=EXPERIENCE)
-                 + group_specs(task_rows(["t8"], "lottery"), 4))
+        specs = (group_specs(original_objectives([calc_task], "calc", "env"), 2, experience=EXPERIENCE)
+                 + group_specs(original_objectives(["t8"], "lottery", "env"), 4))
         results = await run_episodes(flow, specs, {"temperature": 1.0, "top_p": 1.0, "top_k": -1, "logprobs": True})
     await generator.aclose()
     # GRPO advantages as the trainer computes them: the outcome on the last response token, verl's estimator.

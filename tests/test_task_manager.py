@@ -25,7 +25,6 @@ from agentevolver.module.task_manager import (
     TaskManager,
     agrade_episode,
     load_profile,
-    objective_to_row,
     original_objectives,
     read_objectives,
     write_objectives,
@@ -38,7 +37,6 @@ from agentevolver.module.task_manager.masking import MASK, mask_query
 from agentevolver.module.task_manager.parsing import ReplyParseError, ask_parsed, extract_json, parse_summary
 from agentevolver.module.task_manager.profile import ProfileError, shipped_profiles
 from agentevolver.module.task_manager.prompts import DEMO_TASKS, DEMO_TEXTS
-from agentevolver.module.task_manager.store import task_from_row
 from agentevolver.schema import ChatMessage, Reward, Sample, Task, TaskObjective, ToolCall, ToolFunction
 
 
@@ -273,17 +271,18 @@ def test_unified_mixture_by_ratio_seed_and_shuffle() -> None:
 
 
 # ---------------------------------------------------------------------------------------------------- store
-def test_task_rows_of_original_and_synthetic_tasks(tmp_path: Path) -> None:
+def test_episodes_of_original_and_synthetic_tasks_carry_the_task_itself(tmp_path: Path) -> None:
     original = original_objectives(["t3"], "codebox", "env")[0]
-    assert objective_to_row(original, {"demos": 2}) == {"task_id": "t3", "env_type": "codebox",
-                                                       "env_params": {"demos": 2}}
+    spec = EpisodeSpec.for_objective(original, group_id="g", env_params={"demos": 2})
+    assert (spec.task_id, spec.env_type, spec.query, spec.env_params) == ("t3", "codebox", None, {"demos": 2})
+    assert spec.task is original.task
     synthetic = _synthetic("Print the first 5 squares", seed="t3", answer="0 1 4 9 16")
-    row = objective_to_row(synthetic)
-    assert row["task_id"] == "t3" and row["query"] == "Print the first 5 squares"
-    assert row["metadata"] == {"source": "synthetic", "evaluator": "llm", "synthetic_task_id": synthetic.task.task_id,
-                               "ground_truth": "0 1 4 9 16"}
-    EpisodeSpec.model_validate({"group_id": "g", **row})
-    assert task_from_row(row) == synthetic.task.model_copy(update={"metadata": {}, "open_query": False})
+    synthetic.task.metadata["kept"] = True
+    spec = EpisodeSpec.for_objective(synthetic, group_id="g", rollout_id=1)
+    # The instance is the seed's, the message the synthetic query; the grader gets the task as written.
+    assert (spec.task_id, spec.query, spec.rollout_id) == ("t3", "Print the first 5 squares", 1)
+    assert spec.task == synthetic.task and spec.task.metadata == {"kept": True}
+    assert EpisodeSpec(task_id="t4", env_type="codebox", group_id="g").task == Task(task_id="t4", env_type="codebox")
     path = write_objectives(tmp_path / "tasks.jsonl", [synthetic, original])
     assert read_objectives(path) == [synthetic, original]
     path.write_text(path.read_text() + '{"task": {"task_id": ""}}\n')
@@ -326,8 +325,7 @@ def _grade(scripted: ScriptedOpenAIServer, reply: list[str], *overrides: str, an
     settings = _settings("task_manager.parse_retries=1", *overrides)
     settings = settings.model_copy(update={"llm": scripted.llm_config()})
     scripted.plan(*reply)
-    row = objective_to_row(_synthetic("Print the first 5 squares", seed="t3", answer=answer))
-    spec = EpisodeSpec.model_validate({"group_id": "g", **row})
+    spec = EpisodeSpec.for_objective(_synthetic("Print the first 5 squares", seed="t3", answer=answer), group_id="g")
     reward = Reward(outcome=0.0, madness=madness, description="environment score 0")
     result = EpisodeResult(task_id="t3", env_type="codebox", group_id="g", rollout_id=0, termination="finished",
                            reward=reward, messages=EPISODE_MESSAGES, samples=[Sample(

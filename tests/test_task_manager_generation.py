@@ -165,7 +165,7 @@ def test_n_zero_sends_no_llm_request(codebox: str, scripted_llm: ScriptedOpenAIS
     train, val = build_task_datasets(cfg)
     assert not scripted_llm.requests
     assert len(train) == len(get_task.__globals__["task_ids"]("train")) and len(val) == 2
-    assert all("metadata" not in row for row in train.tasks + val.tasks)
+    assert all(o.source == "original" and o.task.query is None for o in train.objectives + val.objectives)
     result = subprocess.run([sys.executable, "-m", "agentevolver.module.task_manager", "--no-progress",
                              *_overrides(codebox, scripted_llm, tmp_path, "task_manager.n=0")],
                             cwd=REPO_ROOT, capture_output=True, text=True, check=False)
@@ -181,21 +181,21 @@ def test_trainer_datasets_mix_synthetic_tasks_into_training_only(
     train, val = build_task_datasets(compose_config(overrides))
     requests = len(scripted_llm.requests)
     assert requests > 0
-    synthetic = [row for row in train.tasks if row.get("metadata", {}).get("source") == "synthetic"]
+    synthetic = [o for o in train.objectives if o.source == "synthetic"]
     assert len(train) == 6 + 3 and len(synthetic) == 3 and len(val) == 3
     settings = load_config(overrides)[1]
     with EnvClient.from_config(settings.env_service) as env:
         seeds = {seed.task_id for seed in seed_tasks(env, settings)}
-    for row in synthetic:
-        assert row["task_id"] in seeds and row["query"] and row["metadata"]["evaluator"] == "llm"
-        assert row["metadata"]["synthetic_task_id"].startswith(row["task_id"] + "~syn-")
-        EpisodeSpec.model_validate({"group_id": "g", **row})
-    assert not any("query" in row or "metadata" in row for row in val.tasks)  # validation: original only
-    assert json.loads(train[0]["task"]) == train.tasks[0]
+    for objective in synthetic:
+        spec = EpisodeSpec.for_objective(objective, group_id="g")
+        assert spec.task_id in seeds and spec.query and spec.task.evaluator == "llm"
+        assert spec.task.task_id.startswith(spec.task_id + "~syn-")
+    assert all(o.source == "original" for o in val.objectives)  # validation: original only
+    assert train[0]["task"] is train.objectives[0]
     # a second start resumes the finished generation: no LLM request, the same datasets
     train2, val2 = build_task_datasets(compose_config(overrides))
     assert len(scripted_llm.requests) == requests
-    assert train2.tasks == train.tasks and val2.tasks == val.tasks
+    assert train2.objectives == train.objectives and val2.objectives == val.objectives
 
 
 def test_resume_skips_finished_work_and_changed_inputs_start_afresh(

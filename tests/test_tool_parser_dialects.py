@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from agentevolver.config import load_config
-from agentevolver.module.tools.config import ToolsConfig
+from agentevolver.module.tools.config import ToolsConfig, make_parser
 from agentevolver.module.tools.parsing import ParsedAction, build_parser, get_parser, parser_names
 
 TOOLS: list[dict[str, Any]] = [
@@ -146,15 +146,15 @@ def test_every_verl_parser_name_is_selectable() -> None:
 
 @pytest.mark.parametrize("name", DIALECTS)
 def test_dialect_is_a_valid_tools_config_value(name: str) -> None:
-    parser = ToolsConfig.model_validate({"tool_parser": name}).make_parser()
+    parser = make_parser(ToolsConfig.model_validate({"tool_parser": name}))
     assert parser.name == name
-    composite = ToolsConfig.model_validate({"tool_parser": [name, "final_answer"]}).make_parser()
+    composite = make_parser(ToolsConfig.model_validate({"tool_parser": [name, "final_answer"]}))
     assert composite.stop_tokens == get_parser(name).stop_tokens
 
 
 def test_dialect_selected_in_the_run_config() -> None:
     _, settings = load_config(["agent_flow.tools.tool_parser=gpt-oss"])
-    parser = settings.agent_flow.tools.make_parser()
+    parser = make_parser(settings.agent_flow.tools)
     assert type(parser).__name__ == "GptOssParser"
     assert _calls(parser.parse(RENDERED["gpt-oss"][0], tools=TOOLS)) == RENDERED["gpt-oss"][1]
 

@@ -34,6 +34,7 @@ from agentevolver.module.tools import (
     truncate_text,
     validate_tool_selection,
 )
+from agentevolver.module.tools import config as tools_config
 from agentevolver.module.tools.docstrings import parse_google_docstring
 from agentevolver.schema.message import ToolCall, ToolFunction
 
@@ -934,16 +935,29 @@ async def test_tool_rewards_and_metrics_are_recorded() -> None:
 def test_tools_config_defaults_and_helpers() -> None:
     config = ToolsConfig()
     assert config.tool_parser == "hermes" and config.truncate_side == "middle"
-    assert config.execute_kwargs() == {"timeout_s": 30.0, "max_parallel_calls": 1}
-    assert config.fold_rewards(1.0, [0.5]) == 1.0
+    assert tools_config.execute_kwargs(config) == {"timeout_s": 30.0, "max_parallel_calls": 1}
+    assert tools_config.fold_rewards(config, 1.0, [0.5]) == 1.0
     composite = ToolsConfig(tool_parser=["hermes", "final_answer"], tool_reward_mode="sum")
-    action = composite.make_parser().parse(
+    action = tools_config.make_parser(composite).parse(
         '<tool_call>{"name": "calc", "arguments": {}}</tool_call>FINAL ANSWER: 3'
     )
     assert action.final_answer == "3" and len(action.tool_calls) == 1
-    assert composite.fold_rewards(1.0, [0.5]) == 1.5
-    toolset = config.toolset(make_registry(), "ep", ["calc"])
+    assert tools_config.fold_rewards(composite, 1.0, [0.5]) == 1.5
+    toolset = tools_config.toolset(config, make_registry(), "ep", ["calc"])
     assert toolset.names == ["calc"] and toolset.max_chars == 4096
+
+
+def test_an_unknown_parser_is_named_by_its_key_at_start_up_and_where_it_is_built() -> None:
+    """The config section is plain data; the parser registry checks the name (the entry points' check, and
+    make_parser where a flow is built), naming the key and the registered parsers."""
+    from agentevolver.module.agent_flow.plugins import plugin_name_errors
+
+    bad = ToolsConfig(tool_parser="llama3_json")
+    with pytest.raises(ConfigError, match=r"agent_flow\.tools\.tool_parser: unknown tool parser 'llama3_json'; registered: "):
+        tools_config.make_parser(bad)
+    (message,) = plugin_name_errors({"agent_flow": {"tools": {"tool_parser": ["hermes", "llama3_json"]}}})
+    assert message.startswith("agent_flow.tools.tool_parser: unknown tool parser 'llama3_json'")
+    assert plugin_name_errors({"agent_flow": {"tools": {"tool_parser": "hermes"}}}) == []
 
 
 @pytest.mark.parametrize(
@@ -954,7 +968,6 @@ def test_tools_config_defaults_and_helpers() -> None:
         ({"max_parallel_calls": 0}, "max_parallel_calls"),
         ({"tool_timeout_s": 0}, "tool_timeout_s"),
         ({"max_tool_response_chars": -1}, "max_tool_response_chars"),
-        ({"tool_parser": "llama3_json"}, "unknown tool parser 'llama3_json'; registered: composite, deepseek_v4,"),
         ({"tool_selection": ["calc"]}, "Extra inputs are not permitted"),
     ],
 )

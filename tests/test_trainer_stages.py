@@ -3,7 +3,6 @@ dump records from a verl DataProto, and config preparation of the training entry
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -20,6 +19,8 @@ from agentevolver.errors import ConfigError
 from agentevolver.main_ppo import prepare_config
 from agentevolver.models import resolve_model_path
 from agentevolver.module.agent_flow import read_rollout_dump
+from agentevolver.schema import Task, TaskObjective
+from agentevolver.verl.agent_loop import episode_spec_from_row
 from agentevolver.verl.step.episode_metrics import episode_metrics
 from agentevolver.verl.step.trainer import dump_records
 from agentevolver.verl.task_dataset import TaskDataset, tasks_from_env_service
@@ -33,16 +34,23 @@ def service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 
 def test_task_rows_come_from_the_env_splits_and_collate_like_verl(service: str) -> None:
     with EnvClient(EnvClientSettings(env_url=service)) as env:
-        train = tasks_from_env_service(env, "echo", "train", create_params={"level": 2})
-        val = tasks_from_env_service(env, "echo", "val", limit=1)
+        train = tasks_from_env_service(env, "echo", "train")
+        val = tasks_from_env_service(env, "echo", "val", limit=1, grader="llm")
         spread = tasks_from_env_service(env, "echo", "train", limit=3)
-    assert [t["task_id"] for t in train] == [f"t{i}" for i in range(8)] and len(val) == 1
-    assert [t["task_id"] for t in spread] == ["t0", "t2", "t5"]  # spread over the split, not its head
-    assert train[0] == {"task_id": "t0", "env_type": "echo", "env_params": {"level": 2}}
-    dataset = TaskDataset(train)
+    assert [t.task.task_id for t in train] == [f"t{i}" for i in range(8)] and len(val) == 1
+    assert [t.task.task_id for t in spread] == ["t0", "t2", "t5"]  # spread over the split, not its head
+    assert train[0] == TaskObjective(task=Task(task_id="t0", env_type="echo"), source="original")
+    assert val[0].task.evaluator == "llm"
+    dataset = TaskDataset(train, {"level": 2})
     batch = DataProto.from_single_dict(collate_fn([dataset[0], dataset[1]]))
     assert len(batch) == 2
-    assert json.loads(batch.non_tensor_batch["task"][1]) == train[1]
+    # The task objective itself, typed, with the /create parameters beside it: no JSON round trip.
+    assert batch.non_tensor_batch["task"][1] is train[1]
+    assert list(batch.non_tensor_batch["env_params"]) == [{"level": 2}, {"level": 2}]
+    # ... and it reaches the episode as it left the task manager (verl repeats rows for rollout.n).
+    repeated = batch.repeat(repeat_times=2, interleave=True)
+    spec = episode_spec_from_row({k: v[2] for k, v in repeated.non_tensor_batch.items()})
+    assert spec.task is train[1].task and spec.env_params == {"level": 2}
     assert list(batch.non_tensor_batch["agent_name"]) == ["agentevolver", "agentevolver"]
     assert list(batch.non_tensor_batch["data_source"]) == ["echo", "echo"]
 
@@ -50,7 +58,7 @@ def test_task_rows_come_from_the_env_splits_and_collate_like_verl(service: str) 
 def test_bad_task_rows_fail_at_load(service: str) -> None:
     with pytest.raises(ConfigError, match="empty"):
         TaskDataset([])
-    with pytest.raises(ValueError, match="task_id"):
+    with pytest.raises(ConfigError, match="task 0 is a dict, not a TaskObjective"):
         TaskDataset([{"env_type": "echo"}])
     with EnvClient(EnvClientSettings(env_url=service, max_retries=0)) as env, \
             pytest.raises(ConfigError, match="'nope' tasks of environment 'echo'"):

@@ -34,7 +34,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("overrides", nargs="*", help="Hydra overrides, e.g. task_manager.n=4")
     args = parser.parse_args(argv)
     try:
-        cfg, _settings = load_config(args.overrides, config_name=args.config_name, config_dir=args.config_dir)
+        # The entry point checks plug-in names too (the config package itself imports no mechanism).
+        from agentevolver.module.agent_flow.plugins import plugin_name_errors
+
+        cfg, _settings = load_config(args.overrides, config_name=args.config_name, config_dir=args.config_dir,
+                                     checks=(plugin_name_errors,))
         node = cfg
         if args.section is not None:
             if args.section not in cfg:

@@ -4,11 +4,15 @@ Entry points (``main_ppo``, the launcher, the config CLI, tests) all go through 
 inside an ``@hydra.main`` app, :func:`validate_config`), so a bad value fails the same way everywhere:
 one :class:`~agentevolver.errors.ConfigError` whose message lists every offending key, what it must be,
 and what it got.
+
+The config package imports no mechanism, so names that only a mechanism's registry knows (a context manager,
+a tool-call parser) are checked by functions the entry points pass in as ``checks``
+(:func:`agentevolver.module.agent_flow.plugins.plugin_name_errors`); their messages join the others.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +28,10 @@ from agentevolver.errors import ConfigError
 from agentevolver.paths import CONFIG_DIR, REPO_ROOT
 
 ROOT_CONFIG_NAME = "agentevolver"
+
+#: A check over the resolved project sections (section name -> plain dict): one message per problem, each
+#: naming its key ("agent_flow.context_template: must be one of ...").
+SectionCheck = Callable[[Mapping[str, Any]], list[str]]
 
 
 def compose_config(
@@ -56,11 +64,11 @@ def compose_config(
         raise ConfigError(f"cannot compose config {config_name!r}: {err}{hint}") from err
 
 
-def validate_config(cfg: DictConfig) -> AgentEvolverSettings:
+def validate_config(cfg: DictConfig, *, checks: Sequence[SectionCheck] = ()) -> AgentEvolverSettings:
     """Resolve and validate this project's sections of a composed config.
 
     Returns the typed settings object that modules read their keys from. Raises :class:`ConfigError`
-    naming every bad key (all problems at once, not one per run).
+    naming every bad key (all problems at once, not one per run), those found by ``checks`` included.
     """
     check_composed(cfg)
     missing = [name for name in PROJECT_SECTIONS if name not in cfg]
@@ -76,10 +84,17 @@ def validate_config(cfg: DictConfig) -> AgentEvolverSettings:
         except OmegaConfBaseException as err:
             key = getattr(err, "full_key", None) or name
             raise ConfigError(f"{key}: cannot resolve interpolation: {err.msg}") from err
+    found = [message for check in checks for message in check(sections)]
     try:
-        return AgentEvolverSettings.model_validate(sections)
+        settings = AgentEvolverSettings.model_validate(sections)
     except ValidationError as err:
-        raise ConfigError(format_validation_error(err)) from err
+        lines = format_validation_error(err, extra=len(found)).splitlines()
+        raise ConfigError("\n".join([*lines, *(f"  {message}" for message in found)])) from err
+    if found:
+        count = len(found)
+        raise ConfigError("\n".join([f"invalid config ({count} problem{'s' if count > 1 else ''}):",
+                                     *(f"  {message}" for message in found)]))
+    return settings
 
 
 def load_config(
@@ -87,15 +102,18 @@ def load_config(
     *,
     config_name: str = ROOT_CONFIG_NAME,
     config_dir: str | Path | None = None,
+    checks: Sequence[SectionCheck] = (),
 ) -> tuple[DictConfig, AgentEvolverSettings]:
     """Compose and validate in one call: the full config (for verl) and our typed settings."""
     cfg = compose_config(overrides, config_name=config_name, config_dir=config_dir)
-    return cfg, validate_config(cfg)
+    return cfg, validate_config(cfg, checks=checks)
 
 
-def format_validation_error(err: ValidationError) -> str:
-    """Turn pydantic's error list into one line per key: ``a.b.c: must be ...; got X``."""
-    lines = [f"invalid config ({err.error_count()} problem{'s' if err.error_count() > 1 else ''}):"]
+def format_validation_error(err: ValidationError, *, extra: int = 0) -> str:
+    """Turn pydantic's error list into one line per key: ``a.b.c: must be ...; got X`` (the count in the
+    header includes ``extra`` problems the caller lists after these lines)."""
+    count = err.error_count() + extra
+    lines = [f"invalid config ({count} problem{'s' if count > 1 else ''}):"]
     for item in err.errors(include_url=False):
         key = ".".join(str(part) for part in item["loc"]) or "<root>"
         lines.append(f"  {key}: {_describe(item)}")

@@ -12,8 +12,8 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_validator
 
 from agentevolver.client.llm_config import LLMConfig
+from agentevolver.config.agent_flow import AgentFlowConfig
 from agentevolver.config.agent_program import AgentProgramConfig
-from agentevolver.module.agent_flow.config import AgentFlowConfig
 
 
 class _Section(BaseModel):

@@ -31,15 +31,17 @@ from collections.abc import Mapping
 from typing import Any
 
 from agentevolver.client.env_client import EnvClient, EnvClientError
+from agentevolver.config.agent_flow import AgentFlowConfig
 from agentevolver.config.agent_program import AgentProgramConfig
 from agentevolver.gateway.app import GatewayServer
 from agentevolver.gateway.calls import new_episode_id
 from agentevolver.gateway.episodes import Gateway, GatewayEpisode
 from agentevolver.gateway.program import AgentProgram, ProgramRun
-from agentevolver.module.agent_flow.config import AgentFlowConfig
 from agentevolver.module.agent_flow.episode import EpisodeResult, EpisodeSpec, Termination
 from agentevolver.module.agent_flow.flow import GenerateFn, initial_messages
+from agentevolver.module.agent_flow.plugins import check_plugin_names, context_config
 from agentevolver.module.exp_manager.retriever import in_policy_dialect
+from agentevolver.module.tools.config import make_parser
 from agentevolver.schema.gateway_wire import ProgramTask
 from agentevolver.schema.message import ChatMessage
 from agentevolver.schema.trajectory import Reward
@@ -68,11 +70,12 @@ class ProgramEpisodes:
         self.env = env_client
         self.retriever = retriever
         self.program = AgentProgram(config)
-        self.parser = flow_config.tools.make_parser()
-        context_config = flow_config.context_config(max_model_len=max_model_len, max_prompt_len=max_prompt_len,
-                                                    max_response_len=max_response_len)
+        check_plugin_names(flow_config)
+        self.parser = make_parser(flow_config.tools)
+        budgets = context_config(flow_config, max_model_len=max_model_len, max_prompt_len=max_prompt_len,
+                                 max_response_len=max_response_len)
         self.gateway = Gateway(tokenizer=tokenizer, generate=generate, parser=self.parser,
-                               context_template=flow_config.context_template, context_config=context_config,
+                               context_template=flow_config.context_template, context_config=budgets,
                                served_name=POLICY_NAME, max_calls=flow_config.max_steps,
                                max_tokens_per_turn=flow_config.max_tokens_per_turn)
         self.server = GatewayServer(self.gateway, host=config.host, port=config.port)

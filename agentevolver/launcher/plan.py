@@ -20,6 +20,7 @@ from agentevolver.config import AgentEvolverSettings, load_config
 from agentevolver.errors import ConfigError
 from agentevolver.launcher.record import CONFIG_NAME
 from agentevolver.launcher.services import ServicePlan, plan_service, port_in_use, probe
+from agentevolver.module.agent_flow.plugins import plugin_name_errors
 
 __all__ = ["DEFAULT_TARGET", "LaunchPlan", "build_plan", "print_plan", "split_overrides"]
 
@@ -78,7 +79,8 @@ def build_plan(conf: Path, overrides: list[str], services: list[str], envs: str 
     """
     config_dir, config_name = _conf_location(conf)
     config_overrides, hydra_overrides = split_overrides(overrides)
-    cfg, settings = load_config(config_overrides, config_name=config_name, config_dir=config_dir)
+    cfg, settings = load_config(config_overrides, config_name=config_name, config_dir=config_dir,
+                                checks=(plugin_name_errors,))
     experiment = _experiment_name(cfg)
     env_type = settings.env_service.env_type
     if envs:

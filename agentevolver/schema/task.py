@@ -1,8 +1,10 @@
 """Tasks: what an episode is asked to do, and the objectives Self-Questioning writes.
 
-A :class:`Task` is the unit the trainer batches (original tasks from a dataset or environment split, and
-synthetic ones the task manager wrote). A :class:`TaskObjective` wraps a synthetic task with what the
-task manager knows about it (where it came from, how confident the summariser was).
+A :class:`Task` is what an episode is asked to do and how it is graded (original tasks from an environment
+split, and synthetic ones the task manager wrote). A :class:`TaskObjective` wraps a task with what the task
+manager knows about it (where it came from, how confident the summariser was). One object travels from the
+task manager to the grader: the trainer's dataset rows hold the objective itself, the agent loop wraps it in
+an episode (``EpisodeSpec.task``) and the grader reads that task; nothing serialises or rebuilds it.
 """
 
 from __future__ import annotations
@@ -41,3 +43,12 @@ class TaskObjective(BaseModel):
     seed_task_id: str | None = None
     confidence: float | None = Field(default=None, ge=0.0, le=1.0)
     reward: float | None = None
+
+    @property
+    def instance_task_id(self) -> str:
+        """The environment task an episode's instance is created from: the task itself for an original task,
+        its seed for a synthetic one (the environment knows no synthetic ids; the synthetic ``query``
+        replaces the seed's task message)."""
+        if self.source == "synthetic" and self.seed_task_id:
+            return self.seed_task_id
+        return self.task.task_id

@@ -5,9 +5,10 @@ Registered as ``agentevolver`` in ``verl.experimental.agent_loop``: set
 builds one loop object per sample and calls ``run(sampling_params, **row)``; generation then goes through
 verl's server manager (vLLM replicas on GPU, the CPU rollout server on CPU) with one request id per episode.
 
-The dataset row carries the episode under ``task`` (an :class:`EpisodeSpec` dict without ``group_id``,
-which comes from verl's ``uid`` column so the ``rollout.n`` copies of a row form one GRPO group) and
-optionally ``rollout_id``. The output is the episode's final sample; everything else the trainer needs
+The dataset row carries the task manager's :class:`~agentevolver.schema.TaskObjective` under ``task`` and
+the environment's ``/create`` parameters under ``env_params``
+(:class:`~agentevolver.verl.task_dataset.TaskDataset`); the group id comes from verl's ``uid`` column, so the
+``rollout.n`` copies of a row form one GRPO group, and the experience plan's columns ride along. The output is the episode's final sample; everything else the trainer needs
 (step_ids, termination, reward parts, exp_mask, metrics, the dump record, and the earlier samples of
 multi-sample context managers, which the trainer turns into rows of their own:
 :mod:`agentevolver.verl.step.sample_rows`) travels in ``extra_fields``.
@@ -32,13 +33,14 @@ from omegaconf import DictConfig, OmegaConf
 from verl.experimental.agent_loop.agent_loop import AgentLoopBase, AgentLoopMetrics, AgentLoopOutput, register
 
 from agentevolver.client.env_client import EnvClient
+from agentevolver.config.agent_flow import AgentFlowConfig
 from agentevolver.config.agent_program import AgentProgramConfig
 from agentevolver.errors import ConfigError
-from agentevolver.module.agent_flow.config import AgentFlowConfig
 from agentevolver.module.agent_flow.episode import EpisodeResult, EpisodeSpec
 from agentevolver.module.agent_flow.flow import AgentFlow, clipper_for
 from agentevolver.module.exp_manager.manager import PLAN_COLUMNS
 from agentevolver.module.task_manager.graders import GraderPool, agrade_episode
+from agentevolver.schema import TaskObjective
 from agentevolver.verl.custom_reward import apply_custom_reward
 
 __all__ = ["AGENT_LOOP_NAME", "AgentEvolverAgentLoop", "episode_spec_from_row", "flow_budgets", "retriever_for"]
@@ -168,22 +170,22 @@ def _shared_grader_pool(config: DictConfig) -> Any:
 
 
 def episode_spec_from_row(row: Mapping[str, Any]) -> EpisodeSpec:
-    """The episode of one dataset row (see the module docstring); errors name the missing field."""
-    task = row.get("task")
-    if isinstance(task, str):
-        task = json.loads(task)
-    if not isinstance(task, Mapping):
-        raise ConfigError("agentevolver agent loop: each dataset row needs a 'task' field (a dict with task_id, "
-                          f"env_type, ...); got {type(task).__name__}")
-    fields = dict(task)
-    fields.setdefault("group_id", str(row.get("uid") or fields.get("task_id") or "group"))
-    if row.get("rollout_id") is not None:
-        fields["rollout_id"] = int(row["rollout_id"])
+    """The episode of one dataset row: its task objective, group, rollout and experience plan (see the module
+    docstring); errors name the missing field."""
+    objective = row.get("task")
+    if not isinstance(objective, TaskObjective):
+        raise ConfigError("agentevolver agent loop: each dataset row needs a 'task' field holding a TaskObjective "
+                          "(agentevolver.verl.task_dataset.TaskDataset builds such rows); got "
+                          f"{type(objective).__name__}")
+    fields: dict[str, Any] = {}
     # Self-Navigating's plan (agentevolver.module.exp_manager.manager): columns named as the spec's fields.
     for column in PLAN_COLUMNS:
         if row.get(column) is not None:
             fields[column] = row[column].item() if hasattr(row[column], "item") else row[column]
-    return EpisodeSpec.model_validate(fields)
+    return EpisodeSpec.for_objective(
+        objective, group_id=str(row.get("uid") or objective.task.task_id),
+        rollout_id=int(row["rollout_id"]) if row.get("rollout_id") is not None else 0,
+        env_params=row.get("env_params") or {}, **fields)
 
 
 @register(AGENT_LOOP_NAME)
@@ -200,7 +202,7 @@ class AgentEvolverAgentLoop(AgentLoopBase):
     async def run(self, sampling_params: dict[str, Any], **kwargs: Any) -> AgentLoopOutput:
         spec = episode_spec_from_row(kwargs)
         result = await self.episodes.run(spec, sampling_params)
-        if spec.metadata.get("evaluator", "env") != "env":  # a synthetic task: its own grader scores it
+        if spec.task is not None and spec.task.evaluator != "env":  # e.g. a synthetic task: its own grader scores it
             result = await agrade_episode(result, spec, _shared_grader_pool(self.config))
         result = await apply_custom_reward(result, spec, kwargs, self.config, self.tokenizer)  # reward.custom_reward_function
         return to_agent_loop_output(result, self.tokenizer, int(self.config.actor_rollout_ref.rollout.response_length))

@@ -182,7 +182,7 @@ def reward_inputs(result: EpisodeResult, spec: EpisodeSpec, row: Mapping[str, An
     reward_model = row.get("reward_model")
     ground_truth = reward_model.get("ground_truth") if isinstance(reward_model, Mapping) else None
     if ground_truth is None:
-        ground_truth = spec.metadata.get("ground_truth")
+        ground_truth = spec.task.ground_truth if spec.task is not None else None
     extra_info = dict(row.get("extra_info") or {}) if isinstance(row.get("extra_info"), Mapping) else {}
     extra_info.update({
         "task_id": result.task_id,
@@ -195,7 +195,7 @@ def reward_inputs(result: EpisodeResult, spec: EpisodeSpec, row: Mapping[str, An
         "env_score": result.reward.outcome,
         "success_rate": result.reward.success_rate,
         "madness": result.reward.madness,
-        "evaluator": spec.metadata.get("evaluator", "env"),
+        "evaluator": spec.task.evaluator if spec.task is not None else "env",
         "reward_description": result.reward.description,
         "messages": result.messages,
         "metrics": dict(result.metrics),

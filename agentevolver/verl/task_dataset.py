@@ -4,21 +4,20 @@
 managers): training rows from the *mixture* task manager (the environment's train split plus synthetic
 tasks from ``task_manager.synthetic_tasks_path``, generated first when ``task_manager.n`` > 0, by
 ``task_manager.mixture``), validation rows from the *original-only* one, so evaluation never sees a
-synthetic task. A synthetic row carries its seed task's id (the instance is created from it), its own
-``query`` and, in ``metadata``, its grader name (``evaluator``), reference answer and synthetic id (see
-:mod:`agentevolver.module.task_manager.store`).
+synthetic task.
 
 verl's ``RLHFDataset`` holds chat prompts; an agent-environment run holds *tasks* whose prompt the
-environment writes at ``/create``. A row here carries the task as a JSON string (so verl's collate keeps
-it as one object), ``agent_name`` (our agent loop), ``data_source`` (the env type: verl groups validation
-metrics by it), ``raw_prompt`` (a one-message stand-in; verl copies it into the outputs) and verl's
-``dummy_tensor`` (a batch must hold at least one tensor). The order of rows is the order of ``tasks``;
+environment writes at ``/create``. A row here carries the task manager's
+:class:`~agentevolver.schema.TaskObjective` itself under ``task`` (verl's collate keeps any non-tensor as one
+object, and Ray pickles it to the agent-loop workers: no JSON round trip), the environment's ``/create``
+parameters (``env_params``), ``agent_name`` (our agent loop), ``data_source`` (the env type: verl groups
+validation metrics by it), ``raw_prompt`` (a one-message stand-in; verl copies it into the outputs) and verl's
+``dummy_tensor`` (a batch must hold at least one tensor). The order of rows is the order of the objectives;
 verl's sampler shuffles, and its stateful dataloader checkpoints the position.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -27,46 +26,51 @@ import torch
 from torch.utils.data import Dataset
 
 from agentevolver.errors import AgentEvolverError, ConfigError
-from agentevolver.module.agent_flow.episode import EpisodeSpec
 from agentevolver.module.task_manager.seeds import spread_over
+from agentevolver.module.task_manager.store import original_objectives
+from agentevolver.schema import TaskObjective
 from agentevolver.verl.agent_loop import AGENT_LOOP_NAME
 
-__all__ = ["TaskDataset", "build_task_datasets", "spread_over", "synthetic_pool", "task_rows",
-           "tasks_from_env_service"]
+__all__ = ["TaskDataset", "build_task_datasets", "spread_over", "synthetic_pool", "tasks_from_env_service"]
 
 logger = logging.getLogger(__name__)
 
 
 class TaskDataset(Dataset):
-    """Rows for verl's agent-loop rollout, one per task (see the module docstring)."""
+    """Rows for verl's agent-loop rollout, one per task objective (see the module docstring)."""
 
-    def __init__(self, tasks: Sequence[Mapping[str, Any]], *, name: str = "tasks") -> None:
-        if not tasks:
+    def __init__(self, objectives: Sequence[TaskObjective], create_params: Mapping[str, Any] | None = None, *,
+                 name: str = "tasks") -> None:
+        if not objectives:
             raise ConfigError(f"the {name} dataset is empty: the environment split has no tasks (check "
                               "env_service.env_type and the split names env_service.train_split / val_split)")
-        self.tasks = [dict(task) for task in tasks]
-        for task in self.tasks:  # validate every row now: a bad task fails at load, not mid-run
-            EpisodeSpec.model_validate({"group_id": "check", **task})
+        for index, objective in enumerate(objectives):  # a wrong row fails at load, not mid-run
+            if not isinstance(objective, TaskObjective):
+                raise ConfigError(f"the {name} dataset's task {index} is a {type(objective).__name__}, not a "
+                                  "TaskObjective (build rows with original_objectives() or the task manager)")
+        self.objectives = list(objectives)
+        self.create_params = dict(create_params or {})
 
     def __len__(self) -> int:
-        return len(self.tasks)
+        return len(self.objectives)
 
     def __getitem__(self, index: int) -> dict[str, Any]:
-        task = self.tasks[index]
+        objective = self.objectives[index]
         return {
-            "task": json.dumps(task, sort_keys=True),
+            "task": objective,
+            "env_params": dict(self.create_params),
             "agent_name": AGENT_LOOP_NAME,
-            "data_source": task["env_type"],
-            "raw_prompt": [{"role": "user", "content": f"task {task['task_id']}"}],
+            "data_source": objective.task.env_type,
+            "raw_prompt": [{"role": "user", "content": f"task {objective.task.task_id}"}],
             "index": index,
             "dummy_tensor": torch.tensor([0], dtype=torch.uint8),
         }
 
 
 def tasks_from_env_service(
-    env_client: Any, env_type: str, split: str, limit: int = -1, create_params: Mapping[str, Any] | None = None
-) -> list[dict[str, Any]]:
-    """Task rows of an environment split; each carries the ``create_params`` sent with its /create.
+    env_client: Any, env_type: str, split: str, limit: int = -1, grader: str = "env"
+) -> list[TaskObjective]:
+    """The tasks of an environment split as original objectives scored by ``grader``.
 
     ``limit`` < 0 takes every task; otherwise ``limit`` tasks spread evenly over the split, not its first
     ones: environments list their tasks grouped by level or kind, and the first N would be one level only
@@ -77,15 +81,7 @@ def tasks_from_env_service(
     except Exception as err:  # the client's error names the service problem; add what we were doing
         raise ConfigError(f"cannot list the {split!r} tasks of environment {env_type!r} at "
                           f"{env_client.settings.env_url}: {err}") from err
-    return task_rows(spread_over(task_ids, -1 if limit is None else limit), env_type, create_params)
-
-
-def task_rows(
-    task_ids: Sequence[str], env_type: str, create_params: Mapping[str, Any] | None = None
-) -> list[dict[str, Any]]:
-    """One task row (:class:`EpisodeSpec` fields) per id, each carrying the ``create_params`` of its /create."""
-    params = dict(create_params or {})
-    return [{"task_id": task_id, "env_type": env_type, "env_params": params} for task_id in task_ids]
+    return original_objectives(spread_over(task_ids, -1 if limit is None else limit), env_type, grader)
 
 
 def synthetic_pool(settings: Any, env_client: Any, llm: Any = None) -> list[Any]:
@@ -140,7 +136,7 @@ def build_task_datasets(config: Any, settings: Any = None, *, env_client: Any = 
     """
     from agentevolver.client.env_client import EnvClient
     from agentevolver.config import validate_config
-    from agentevolver.module.task_manager import TaskManager, objective_to_row, original_objectives
+    from agentevolver.module.task_manager import TaskManager
 
     settings = settings if settings is not None else validate_config(config)
     section = settings.env_service
@@ -151,10 +147,8 @@ def build_task_datasets(config: Any, settings: Any = None, *, env_client: Any = 
     try:
         limits = {"train": int(config.data.get("train_max_samples", -1)),
                   "val": int(config.data.get("val_max_samples", -1))}
-        original = {}
-        for name, split in (("train", section.train_split), ("val", section.val_split)):
-            rows = tasks_from_env_service(env, section.env_type, split, limits[name])
-            original[name] = original_objectives([r["task_id"] for r in rows], section.env_type, grader)
+        original = {name: tasks_from_env_service(env, section.env_type, split, limits[name], grader)
+                    for name, split in (("train", section.train_split), ("val", section.val_split))}
         synthetic = synthetic_pool(settings, env, llm)
     finally:
         if env_client is None:
@@ -168,5 +162,4 @@ def build_task_datasets(config: Any, settings: Any = None, *, env_client: Any = 
     params = section.create_params
     logger.info("training tasks: %d (%d synthetic); validation tasks: %d (original only)", len(train),
                 sum(o.source == "synthetic" for o in train), len(val))
-    return (TaskDataset([objective_to_row(o, params) for o in train], name="train"),
-            TaskDataset([objective_to_row(o, params) for o in val], name="validation"))
+    return (TaskDataset(train, params, name="train"), TaskDataset(val, params, name="validation"))

@@ -5,14 +5,15 @@
   ``LLMServerClient.generate`` signature.
 * :class:`EpisodeSpec` / :class:`EpisodeResult` - what to run and what came out (samples, termination,
   reward, messages, metrics); :data:`TERMINATIONS` lists the ways an episode ends.
-* :class:`AgentFlowConfig` - the ``agent_flow`` config section.
+* :class:`AgentFlowConfig` - the ``agent_flow`` config section (data: :mod:`agentevolver.config.agent_flow`);
+  :func:`~agentevolver.module.agent_flow.plugins.plugin_name_errors` checks its plug-in names.
 * :class:`RolloutDumpWriter` / :func:`read_rollout_dump` - ``<run dir>/rollouts/step_<N>.jsonl``.
 * ``agentevolver.verl.agent_loop`` - the same flow as a verl agent loop (``agentevolver``).
 
 See docs/agent_flow.md and docs/rollout_dumps.md.
 """
 
-from agentevolver.module.agent_flow.config import AgentFlowConfig, ContextOptions, DumpConfig, MadnessConfig
+from agentevolver.config.agent_flow import AgentFlowConfig, DumpConfig, FlowContextOptions, MadnessConfig
 from agentevolver.module.agent_flow.dump import (
     ROLLOUT_DIR_NAME,
     RolloutDumpWriter,
@@ -28,10 +29,10 @@ __all__ = [
     "TERMINATIONS",
     "AgentFlow",
     "AgentFlowConfig",
-    "ContextOptions",
     "DumpConfig",
     "EpisodeResult",
     "EpisodeSpec",
+    "FlowContextOptions",
     "GenerateFn",
     "MadnessConfig",
     "RolloutDumpWriter",

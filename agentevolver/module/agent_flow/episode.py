@@ -6,11 +6,13 @@ it ended, ``error`` what went wrong), so the trainer counts failures instead of 
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from agentevolver.schema.sample import Sample
+from agentevolver.schema.task import Task, TaskObjective
 from agentevolver.schema.trajectory import Reward
 
 __all__ = ["TERMINATIONS", "EpisodeResult", "EpisodeSpec", "Termination"]
@@ -33,6 +35,12 @@ class EpisodeSpec(BaseModel):
     task's experience instead (the trainer's experience plan sets it); ``train_mode`` ``discard`` strips the
     experience from the trained samples (their ``exp_mask`` is then True: trained in a context other than
     the one they were generated in). ``tool_selection`` picks local tools (None = all, [] = none).
+
+    ``task`` is the task as the task manager wrote it, and the object graders score: a training row's
+    :class:`TaskObjective` gives it unchanged (:meth:`for_objective`). ``task_id`` is the environment task the
+    instance is created from (a synthetic task's seed) and ``query`` the task message that replaces the
+    environment's. A spec made from fields alone (the rollout CLI, tests) gets the environment's task
+    ``Task(task_id, env_type, query)``, graded by the environment.
     """
 
     model_config = ConfigDict(extra="forbid", arbitrary_types_allowed=True)
@@ -48,6 +56,21 @@ class EpisodeSpec(BaseModel):
     tool_selection: Any = None
     env_params: dict[str, Any] = Field(default_factory=dict)
     metadata: dict[str, Any] = Field(default_factory=dict)
+    task: Task | None = None  # never None after validation (see the class docstring)
+
+    @model_validator(mode="after")
+    def _environment_task(self) -> EpisodeSpec:
+        if self.task is None:
+            self.task = Task(task_id=self.task_id, env_type=self.env_type, query=self.query)
+        return self
+
+    @classmethod
+    def for_objective(cls, objective: TaskObjective, *, group_id: str, rollout_id: int = 0,
+                      env_params: Mapping[str, Any] | None = None, **fields: Any) -> EpisodeSpec:
+        """The episode of one rollout of ``objective``; ``fields`` are the rest of the spec (experience plan)."""
+        task = objective.task
+        return cls(task_id=objective.instance_task_id, env_type=task.env_type, query=task.query, task=task,
+                   group_id=group_id, rollout_id=rollout_id, env_params=dict(env_params or {}), **fields)
 
 
 class EpisodeResult(BaseModel):

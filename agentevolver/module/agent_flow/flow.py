@@ -23,10 +23,11 @@ from contextlib import AsyncExitStack
 from typing import Any, Protocol
 
 from agentevolver.client.env_client import EnvClient, EnvClientError
+from agentevolver.config.agent_flow import AgentFlowConfig
 from agentevolver.errors import ConfigError
-from agentevolver.module.agent_flow.config import AgentFlowConfig
 from agentevolver.module.agent_flow.episode import EpisodeResult, EpisodeSpec, Termination
 from agentevolver.module.agent_flow.madness import is_mad
+from agentevolver.module.agent_flow.plugins import check_plugin_names, context_config
 from agentevolver.module.context_manager import (
     Author,
     ContextManager,
@@ -42,6 +43,7 @@ from agentevolver.module.tools import (
     default_registry,
     summarize_tool_metrics,
 )
+from agentevolver.module.tools.config import execute_kwargs, fold_rewards, make_parser, toolset
 from agentevolver.schema.message import ChatMessage, ToolCall
 from agentevolver.schema.trajectory import Reward
 
@@ -142,12 +144,13 @@ class AgentFlow:
         self.tokenizer = tokenizer
         self.env = env_client
         self.generate = generate
-        self.context_config: ContextManagerConfig = config.context_config(
-            max_model_len=max_model_len, max_prompt_len=max_prompt_len, max_response_len=max_response_len
+        self.context_config: ContextManagerConfig = context_config(
+            config, max_model_len=max_model_len, max_prompt_len=max_prompt_len, max_response_len=max_response_len
         )
         import_tool_modules(config.tool_modules)
+        check_plugin_names(config)  # after the user's modules, which may register context managers or parsers
         self.registry = tool_registry if tool_registry is not None else default_registry()
-        self.parser = config.tools.make_parser()
+        self.parser = make_parser(config.tools)
         #: The parser's own stop tokens (a call closed by a token that is not EOS, e.g. GLM's
         #: ``<|observation|>``): sent with every generation so the model stops where its tool must answer.
         self.stop_token_ids: list[int] = self.parser.stop_token_ids(tokenizer) if tokenizer is not None else []
@@ -191,7 +194,7 @@ class AgentFlow:
         error: str | None = None
         reward = Reward(description="no reward: the episode failed before evaluation")
         async with AsyncExitStack() as stack:
-            tools: ToolSet = self.config.tools.toolset(self.registry, request_id, spec.tool_selection)
+            tools: ToolSet = toolset(self.config.tools, self.registry, request_id, spec.tool_selection)
             await stack.enter_async_context(tools)
             try:
                 env_tools = await self._tools_of(spec.env_type)
@@ -308,7 +311,7 @@ class AgentFlow:
         observations: list[ChatMessage] = []
         if local_calls:
             state.counts["tool_calls"] += len(local_calls)
-            results = await self._timed(state, "tool_s", tools.execute(local_calls, **self.config.tools.execute_kwargs()))
+            results = await self._timed(state, "tool_s", tools.execute(local_calls, **execute_kwargs(self.config.tools)))
             observations += [result.to_message() for result in results]
         if local_calls and not env_calls:
             return None, observations
@@ -378,7 +381,7 @@ class AgentFlow:
             return Reward(description=f"evaluate failed: {err}")
         if not math.isfinite(score):
             return Reward(description=f"the environment returned a non-finite score ({score}); scored 0")
-        outcome = self.config.tools.fold_rewards(score, tools.rewards)
+        outcome = fold_rewards(self.config.tools, score, tools.rewards)
         return Reward(outcome=outcome, success_rate=1.0 if score >= self.config.success_threshold else 0.0,
                       description=f"environment score {score:g}")
 

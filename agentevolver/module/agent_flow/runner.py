@@ -13,23 +13,21 @@ from typing import Any
 
 from agentevolver.module.agent_flow.episode import EpisodeResult, EpisodeSpec
 from agentevolver.module.agent_flow.flow import AgentFlow
+from agentevolver.schema.task import TaskObjective
 
 __all__ = ["group_specs", "run_episodes"]
 
 
 def group_specs(
-    tasks: Sequence[Mapping[str, Any]], n: int, *, experience: str | None = None
+    objectives: Sequence[TaskObjective], n: int, *, experience: str | None = None,
+    env_params: Mapping[str, Any] | None = None,
 ) -> list[EpisodeSpec]:
-    """``n`` episodes per task (one GRPO group each, group id = task id); tasks are EpisodeSpec fields."""
+    """``n`` episodes per task (one GRPO group each, group id = task id), each created with ``env_params``."""
     if n < 1:
         raise ValueError(f"n (episodes per task) must be >= 1; got {n}")
-    specs = []
-    for task in tasks:
-        group = str(task.get("group_id") or task["task_id"])
-        for rollout_id in range(n):
-            specs.append(EpisodeSpec.model_validate(
-                {"experience": experience, **task, "group_id": group, "rollout_id": rollout_id}))
-    return specs
+    return [EpisodeSpec.for_objective(objective, group_id=objective.task.task_id, rollout_id=rollout_id,
+                                      env_params=env_params, experience=experience)
+            for objective in objectives for rollout_id in range(n)]
 
 
 async def run_episodes(

@@ -27,7 +27,6 @@ from agentevolver.module.task_manager.mixture import MIXTURES, MixtureStrategy
 from agentevolver.module.task_manager.profile import EnvProfile, ProfileError, load_profile
 from agentevolver.module.task_manager.seeds import seed_tasks, spread_over
 from agentevolver.module.task_manager.store import (
-    objective_to_row,
     original_objectives,
     read_objectives,
     write_objectives,
@@ -52,7 +51,6 @@ __all__ = [
     "TaskManagerDeps",
     "agrade_episode",
     "load_profile",
-    "objective_to_row",
     "original_objectives",
     "read_objectives",
     "seed_tasks",

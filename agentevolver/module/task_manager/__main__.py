@@ -41,6 +41,7 @@ from agentevolver.client.env_client import EnvClient
 from agentevolver.client.llm_client import LLMClients
 from agentevolver.config.loader import ROOT_CONFIG_NAME, load_config
 from agentevolver.errors import AgentEvolverError, ConfigError
+from agentevolver.module.agent_flow.plugins import plugin_name_errors
 from agentevolver.module.task_manager.manager import GenerationReport, TaskManager
 from agentevolver.module.task_manager.seeds import seed_tasks
 from agentevolver.schema import TaskObjective
@@ -89,7 +90,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _generate(args: argparse.Namespace, console: Console) -> tuple[GenerationReport, int]:
-    _cfg, settings = load_config(args.overrides, config_name=args.config_name, config_dir=args.config_dir)
+    _cfg, settings = load_config(args.overrides, config_name=args.config_name, config_dir=args.config_dir,
+                                 checks=(plugin_name_errors,))
     section = settings.task_manager
     if section.n == 0:
         raise ConfigError("task_manager.n is 0, which turns task synthesis off; pass task_manager.n=N "

@@ -21,6 +21,7 @@ from agentevolver.module.task_manager.deps import ROLE_EXPLORER, TaskManagerDeps
 from agentevolver.module.task_manager.prompts import EXPLORER_INSTRUCTIONS, EXPLORER_TOOLS
 from agentevolver.module.task_manager.transcript import for_chat_server
 from agentevolver.module.tools import truncate_text
+from agentevolver.module.tools.config import make_parser
 from agentevolver.module.tools.parsing.hermes import HermesParser
 from agentevolver.registry import Registry
 from agentevolver.schema import ChatMessage, Task, Trajectory
@@ -69,7 +70,7 @@ class RandomWalk(ExplorationStrategy):
     def __init__(self, deps: TaskManagerDeps) -> None:
         super().__init__(deps)
         self.explorer = deps.client(ROLE_EXPLORER)
-        self.parser = deps.settings.agent_flow.tools.make_parser()
+        self.parser = make_parser(deps.settings.agent_flow.tools)
         self.tagged_calls = isinstance(self.parser, HermesParser)
         self.max_steps = deps.section.max_explore_step
         self.max_chars = deps.section.max_observation_chars

@@ -48,7 +48,6 @@ from agentevolver.module.task_manager.prompts import (
     GRADER_SYSTEM,
     GRADER_USER,
 )
-from agentevolver.module.task_manager.store import task_from_row
 from agentevolver.module.task_manager.transcript import render_transcript
 from agentevolver.registry import Registry
 from agentevolver.schema import Reward, Task
@@ -243,15 +242,14 @@ class GraderPool:
 
 
 async def agrade_episode(result: EpisodeResult, spec: EpisodeSpec, pool: GraderPool) -> EpisodeResult:
-    """``result`` re-scored by the grader its task row names (``metadata.evaluator``; ``env`` = unchanged).
+    """``result`` re-scored by the grader its task names (``spec.task.evaluator``; ``env`` = unchanged).
 
     The new reward replaces the episode's and every sample's reward; the grader's counters are added to
     the episode's metrics.
     """
-    name = str(spec.metadata.get("evaluator", "env"))
-    if name == "env" or not result.messages:  # no episode to judge (e.g. /create failed): keep its 0
+    task = spec.task
+    if task is None or task.evaluator == "env" or not result.messages:  # no episode to judge (e.g. /create failed): keep its 0
         return result
-    task = task_from_row(spec.model_dump())
-    reward, metrics = await pool.get(name).agrade(task, result.messages, result.reward)
+    reward, metrics = await pool.get(task.evaluator).agrade(task, result.messages, result.reward)
     samples = [s.model_copy(update={"reward": reward}) for s in result.samples]
     return result.model_copy(update={"reward": reward, "samples": samples, "metrics": {**result.metrics, **metrics}})

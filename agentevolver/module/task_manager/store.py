@@ -1,18 +1,15 @@
-"""The synthetic-task file (JSON lines, one :class:`TaskObjective` per line) and task rows.
+"""The synthetic-task file (JSON lines, one :class:`TaskObjective` per line) and the original tasks as objectives.
 
-Generation writes the file; the training mixture reads it. A task row is what the trainer's dataset and
-the agent loop carry (:class:`~agentevolver.module.agent_flow.episode.EpisodeSpec` fields). For a
-synthetic task the row's ``task_id`` is its *seed* task (the instance is created from it: the environment
-knows no synthetic ids), ``query`` replaces the environment's task message, and ``metadata`` carries what
-grading needs: ``evaluator`` (the grader's registry name), ``ground_truth``, ``synthetic_task_id``.
+Generation writes the file; the training mixture reads it. The trainer's dataset rows hold the objectives
+themselves (:class:`~agentevolver.verl.task_dataset.TaskDataset`); the agent loop turns each into an episode
+with :meth:`~agentevolver.module.agent_flow.episode.EpisodeSpec.for_objective`.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Any
 
 from pydantic import ValidationError
 
@@ -20,7 +17,7 @@ from agentevolver.errors import ConfigError
 from agentevolver.module.task_manager.checkpoint import atomic_write_text
 from agentevolver.schema import Task, TaskObjective
 
-__all__ = ["objective_to_row", "original_objectives", "read_objectives", "task_from_row", "write_objectives"]
+__all__ = ["original_objectives", "read_objectives", "write_objectives"]
 
 
 def write_objectives(path: str | Path, objectives: Iterable[TaskObjective]) -> Path:
@@ -53,29 +50,3 @@ def original_objectives(task_ids: Sequence[str], env_type: str, grader: str) -> 
     """The environment's own tasks as objectives (source "original", graded by ``grader``)."""
     return [TaskObjective(task=Task(task_id=t, env_type=env_type, evaluator=grader), source="original")
             for t in task_ids]
-
-
-def objective_to_row(objective: TaskObjective, create_params: Mapping[str, Any] | None = None) -> dict[str, Any]:
-    """The task row of an objective (see the module docstring)."""
-    task = objective.task
-    row: dict[str, Any] = {"env_type": task.env_type, "env_params": dict(create_params or {})}
-    if objective.source == "original":
-        row["task_id"] = task.task_id
-        if task.query is not None:
-            row["query"] = task.query
-        if task.evaluator != "env":
-            row["metadata"] = {"source": "original", "evaluator": task.evaluator}
-        return row
-    row["task_id"] = objective.seed_task_id or task.task_id
-    row["query"] = task.query
-    row["metadata"] = {"source": "synthetic", "evaluator": task.evaluator, "synthetic_task_id": task.task_id,
-                       "ground_truth": task.ground_truth}
-    return row
-
-
-def task_from_row(row: Mapping[str, Any]) -> Task:
-    """The task a row asks for, as graders see it (a synthetic row's id is its synthetic id)."""
-    metadata = dict(row.get("metadata") or {})
-    return Task(task_id=str(metadata.get("synthetic_task_id") or row["task_id"]), env_type=str(row["env_type"]),
-                query=row.get("query"), ground_truth=metadata.get("ground_truth"),
-                evaluator=str(metadata.get("evaluator", "env")))

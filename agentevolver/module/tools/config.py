@@ -1,73 +1,43 @@
-"""The tool knobs of an experiment, validated once at start-up.
+"""What the agent flow builds from the ``agent_flow.tools`` section (:class:`~agentevolver.config.agent_flow.ToolsConfig`).
 
-Field names are the config keys this layer expects (see docs/tools.md); the model forbids unknown keys and
-checks each value's range, and ``tool_parser`` is built once here so an unknown parser name fails before
-any rollout. The agent flow reads a ToolsConfig and calls :meth:`make_parser`, :meth:`toolset` and
-:meth:`fold_rewards`.
+The section is plain config data; these functions turn it into the parser, the episode's tool set, the
+arguments of each execution and the episode reward, so every reader applies the keys the same way.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
-
+from agentevolver.config.agent_flow import ToolsConfig
+from agentevolver.errors import ConfigError
 from agentevolver.module.tools.parsing import ToolCallParser, build_parser
 from agentevolver.module.tools.registry import ToolRegistry
-from agentevolver.module.tools.rewards import ToolRewardMode, fold_tool_rewards
+from agentevolver.module.tools.rewards import fold_tool_rewards
 from agentevolver.module.tools.toolset import ToolSet
-from agentevolver.module.tools.truncation import TruncateSide
 
-__all__ = ["ToolsConfig"]
+__all__ = ["ToolsConfig", "execute_kwargs", "fold_rewards", "make_parser", "toolset"]
 
 
-class ToolsConfig(BaseModel):
-    """Tool parsing and execution settings (defaults mirror verl's where verl has one)."""
+def make_parser(config: ToolsConfig) -> ToolCallParser:
+    """The configured parser (parsers are stateless; one may serve many episodes); a bad name or option is a
+    :class:`ConfigError` naming ``agent_flow.tools.tool_parser``."""
+    try:
+        return build_parser(config.tool_parser)
+    except ConfigError as err:
+        raise ConfigError(f"agent_flow.tools.tool_parser: {str(err).removeprefix('tool_parser: ')}") from err
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
 
-    #: Parser name, ``{"name": ..., **options}``, or a list of those (composite, applied in order).
-    tool_parser: str | dict[str, Any] | list[str | dict[str, Any]] = "hermes"
-    #: Calls run per assistant turn; later ones are answered "not run". None = no limit. verl's default is 1.
-    max_parallel_calls: int | None = Field(default=1, ge=1)
-    #: Per-call timeout in seconds (class-tool creation included). None = no timeout.
-    tool_timeout_s: float | None = Field(default=30.0, gt=0)
-    #: Observation cap in characters, marker included. None = no cap.
-    max_tool_response_chars: int | None = Field(default=4096, ge=1)
-    #: Which part of a long observation is cut: left (keep the end), right (keep the start), middle.
-    truncate_side: TruncateSide = "middle"
-    #: How tool step rewards enter the episode reward: ignore, sum, last.
-    tool_reward_mode: ToolRewardMode = "ignore"
-    #: Render the tool schemas into the prompt (the chat template's ``tools`` block). False when the
-    #: environment's own prompt already teaches the call format: on ``calc`` the block is ~320 tokens of each
-    #: prompt, which the update's forward and backward passes pay for in every sample. Parsing and the
-    #: env/local name-clash check still use the schemas.
-    schemas_in_prompt: bool = True
+def toolset(config: ToolsConfig, registry: ToolRegistry, episode_id: str, tool_selection: Any = None) -> ToolSet:
+    """The episode's :class:`ToolSet` with the section's truncation settings."""
+    return registry.toolset(episode_id, tool_selection=tool_selection, max_chars=config.max_tool_response_chars,
+                            truncate_side=config.truncate_side)
 
-    @field_validator("tool_parser")
-    @classmethod
-    def _parser_exists(cls, value: Any) -> Any:
-        """Build the parser once so an unknown name or bad option is reported with the config."""
-        build_parser(value)
-        return value
 
-    def make_parser(self) -> ToolCallParser:
-        """A parser instance as configured (parsers are stateless; one may serve many episodes)."""
-        return build_parser(self.tool_parser)
+def execute_kwargs(config: ToolsConfig) -> dict[str, Any]:
+    """Keyword arguments for :meth:`ToolSet.execute`: ``timeout_s`` and ``max_parallel_calls``."""
+    return {"timeout_s": config.tool_timeout_s, "max_parallel_calls": config.max_parallel_calls}
 
-    def toolset(self, registry: ToolRegistry, episode_id: str, tool_selection: Any = None) -> ToolSet:
-        """The episode's :class:`ToolSet` with this config's truncation settings."""
-        return registry.toolset(
-            episode_id,
-            tool_selection=tool_selection,
-            max_chars=self.max_tool_response_chars,
-            truncate_side=self.truncate_side,
-        )
 
-    def execute_kwargs(self) -> dict[str, Any]:
-        """Keyword arguments for :meth:`ToolSet.execute`: ``timeout_s`` and ``max_parallel_calls``."""
-        return {"timeout_s": self.tool_timeout_s, "max_parallel_calls": self.max_parallel_calls}
-
-    def fold_rewards(self, episode_reward: float, tool_rewards: list[float]) -> float:
-        """The episode reward with the tool rewards folded in by ``tool_reward_mode``."""
-        return fold_tool_rewards(episode_reward, tool_rewards, self.tool_reward_mode)
+def fold_rewards(config: ToolsConfig, episode_reward: float, tool_rewards: list[float]) -> float:
+    """The episode reward with the tool rewards folded in by ``tool_reward_mode``."""
+    return fold_tool_rewards(episode_reward, tool_rewards, config.tool_reward_mode)

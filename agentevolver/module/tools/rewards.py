@@ -12,14 +12,12 @@ pure function the agent flow calls once per episode:
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, Literal
+from typing import Any
 
+from agentevolver.config.agent_flow import TOOL_REWARD_MODES, ToolRewardMode
 from agentevolver.errors import ConfigError
 
 __all__ = ["TOOL_REWARD_MODES", "ToolRewardMode", "fold_tool_rewards", "validate_reward_mode"]
-
-ToolRewardMode = Literal["ignore", "sum", "last"]
-TOOL_REWARD_MODES: tuple[str, ...] = ("ignore", "sum", "last")
 
 
 def validate_reward_mode(mode: Any, key: str = "tool_reward_mode") -> ToolRewardMode:

@@ -9,15 +9,12 @@ The cap is in characters; the agent flow's token budget (``max_env_len``) is the
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any
 
+from agentevolver.config.agent_flow import TRUNCATE_SIDES, TruncateSide
 from agentevolver.errors import ConfigError
 
 __all__ = ["TRUNCATE_SIDES", "TruncateSide", "truncate_text", "validate_max_chars", "validate_truncate_side"]
-
-TruncateSide = Literal["left", "right", "middle"]
-#: left = keep the end, right = keep the start, middle = keep both ends.
-TRUNCATE_SIDES: tuple[str, ...] = ("left", "right", "middle")
 
 
 def validate_truncate_side(side: Any, key: str = "truncate_side") -> TruncateSide:
