@@ -43,6 +43,8 @@ class QuickstartRun:
     exit_code: int
     validation: dict[int, float] = field(default_factory=dict)  # step -> greedy validation success
     step_s: list[float] = field(default_factory=list)  # timing_s/step of each training step
+    tokens: list[float] = field(default_factory=list)  # perf/total_num_tokens of each training step
+    stages: dict[str, list[float]] = field(default_factory=dict)  # timing_s/<stage> -> seconds per step
 
 
 def resolve(revision: str) -> str:
@@ -69,6 +71,10 @@ def read_run(revision: str, metrics_file: Path, wall_s: float, exit_code: int) -
                 run.validation[step] = float(value)
         if "timing_s/step" in row:
             run.step_s.append(float(row["timing_s/step"]))
+            run.tokens.append(float(row.get("perf/total_num_tokens", 0.0)))
+            for key, value in row.items():
+                if key.startswith("timing_s/") and key != "timing_s/step" and isinstance(value, int | float):
+                    run.stages.setdefault(key[len("timing_s/"):], []).append(float(value))
     return run
 
 
@@ -86,6 +92,8 @@ def run_quickstart(commit: str, overrides: list[str], work: Path) -> QuickstartR
         with log.open("w", encoding="utf-8") as out:
             code = subprocess.run(argv, cwd=tree, env=env, stdout=out, stderr=subprocess.STDOUT, check=False).returncode
         run = read_run(commit, tree / METRICS, time.perf_counter() - started, code)
+        if (tree / METRICS).exists():  # kept beside the log: the stage timings can be read again later
+            (work / f"{tree.name}.metrics.jsonl").write_bytes((tree / METRICS).read_bytes())
         if code != 0:
             print(f"quickstart at {commit[:12]} exited with {code}; its output: {log}", file=sys.stderr)
         return run
@@ -107,6 +115,34 @@ def table(before: list[QuickstartRun], after: list[QuickstartRun]) -> str:
     if a and b:
         ratio = statistics.median(a) / statistics.median(b)
         lines += ["", f"median step time, after / before: **{ratio:.2f}x** ({len(a)} and {len(b)} steps)"]
+        per_token = [_per_1k_tokens(runs) for runs in (before, after)]
+        if all(per_token):
+            lines.append(f"seconds per 1,000 trained tokens (the samples differ run to run), after / before: "
+                         f"**{per_token[1] / per_token[0]:.2f}x** ({per_token[0]:.2f} and {per_token[1]:.2f} s)")
+        lines += ["", stage_table(before, after)]
+    return "\n".join(lines)
+
+
+def _per_1k_tokens(runs: list[QuickstartRun]) -> float:
+    """All steps' seconds over all steps' tokens, per 1,000 tokens (0 when no step logged its tokens)."""
+    tokens = sum(t for run in runs for t in run.tokens)
+    return 1000 * sum(s for run in runs for s in run.step_s) / tokens if tokens else 0.0
+
+
+def stage_table(before: list[QuickstartRun], after: list[QuickstartRun]) -> str:
+    """Median seconds per step of each timed stage, before and after (a stage one revision lacks shows -)."""
+    def medians(runs: list[QuickstartRun]) -> dict[str, float]:
+        pooled: dict[str, list[float]] = {}
+        for run in runs:
+            for stage, values in run.stages.items():
+                pooled.setdefault(stage, []).extend(values)
+        return {stage: statistics.median(values) for stage, values in pooled.items()}
+
+    b, a = medians(before), medians(after)
+    lines = ["| stage (timing_s/) | before s | after s |", "|---|---|---|"]
+    for stage in sorted(set(b) | set(a), key=lambda name: -max(b.get(name, 0.0), a.get(name, 0.0))):
+        lines.append(f"| {stage} | {b[stage]:.1f} | {a[stage]:.1f} |" if stage in b and stage in a else
+                     f"| {stage} | {b.get(stage, '-')} | {a.get(stage, '-')} |")
     return "\n".join(lines)
 
 
@@ -115,6 +151,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--before", default="3f12954", help="the revision to compare against")
     parser.add_argument("--after", default="HEAD", help="the revision under test")
     parser.add_argument("--rounds", type=int, default=1, help="pairs of runs, the order alternating")
+    parser.add_argument("--keep", type=Path, default=None,
+                        help="a folder for each run's log and metrics.jsonl (default: a temporary one, removed)")
     parser.add_argument("overrides", nargs="*", help="Hydra overrides for both runs (after --)")
     args = parser.parse_args(argv)
     if args.rounds < 1:
@@ -124,10 +162,14 @@ def main(argv: list[str] | None = None) -> int:
     before: list[QuickstartRun] = []
     after: list[QuickstartRun] = []
     with tempfile.TemporaryDirectory(prefix="quickstart-revisions-") as tmp:
+        work = Path(tmp)
+        if args.keep is not None:
+            work = args.keep.resolve()
+            work.mkdir(parents=True, exist_ok=True)
         for index in range(args.rounds):
             order = [(before_commit, before), (after_commit, after)]
             for commit, runs in order if index % 2 == 0 else order[::-1]:
-                runs.append(run_quickstart(commit, args.overrides, Path(tmp)))
+                runs.append(run_quickstart(commit, args.overrides, work))
     print(f"load average at end: {os.getloadavg()[0]:.2f}")
     print(table(before, after))
     return 0 if all(run.exit_code == 0 for run in [*before, *after]) else 1

@@ -38,6 +38,22 @@ def test_a_runs_curve_and_step_times_are_read_and_compared(tmp_path: Path) -> No
     assert "after / before: **1.10x** (2 and 2 steps)" in text
 
 
+def test_seconds_per_token_and_the_stages_are_compared(tmp_path: Path) -> None:
+    """The samples (and with them the tokens a step trains) differ run to run, so the step time is also given per
+    1,000 tokens, and each stage's median beside the other revision's (a stage only one revision has shows -)."""
+    before = bench.read_run("a" * 40, write_metrics(tmp_path / "b.jsonl", [
+        {"step": 1, "timing_s/step": 60.0, "perf/total_num_tokens": 6000, "timing_s/gen": 30.0},
+        {"step": 2, "timing_s/step": 40.0, "perf/total_num_tokens": 4000, "timing_s/gen": 20.0}]), 1.0, 0)
+    after = bench.read_run("b" * 40, write_metrics(tmp_path / "a.jsonl", [
+        {"step": 1, "timing_s/step": 90.0, "perf/total_num_tokens": 9000, "timing_s/gen": 45.0,
+         "timing_s/judge": 0.5}]), 1.0, 0)
+    assert before.tokens == [6000.0, 4000.0] and before.stages == {"gen": [30.0, 20.0]}
+    text = bench.table([before], [after])
+    assert "after / before: **1.80x** (1 and 2 steps)" in text  # slower steps ...
+    assert "after / before: **1.00x** (10.00 and 10.00 s)" in text  # ... that trained more tokens at the same rate
+    assert "| gen | 25.0 | 45.0 |" in text and "| judge | - | 0.5 |" in text
+
+
 def test_a_run_that_wrote_no_metrics_shows_dashes(tmp_path: Path) -> None:
     run = bench.read_run("c" * 40, tmp_path / "missing.jsonl", wall_s=5.0, exit_code=1)
     assert "| cccccccccccc | - | - | - | 5 | 1 |" in bench.table([run], [])
