@@ -1,14 +1,30 @@
 #!/usr/bin/env bash
 # Set up the virtualenv (scripts/setup.sh), lint, and run the default test-suite (not `slow`; `gpu` tests
 # skip without a GPU). Extra arguments go to pytest, e.g. `bash scripts/test.sh -m slow` or `-k config`.
+#
+# Without arguments (what CI runs) it also sets up the vLLM-on-CPU venv (scripts/setup_vllm_cpu.sh: created once,
+# checked later), and after the suite runs the tests marked `alone`, which need the machine to themselves, with
+# one process: verl's vLLM rollout training on CPU (tests/test_vllm_cpu_backend.py, ~12.5 GB). Beside other xdist
+# workers those tests skip. AGENTEVOLVER_TEST_ALONE=0 leaves the venv and that stage out.
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
 bash scripts/setup.sh
 VENV="${AGENTEVOLVER_VENV:-$ROOT/.venv}"
+ALONE=1
+if [ "$#" -gt 0 ] || [ "${AGENTEVOLVER_TEST_ALONE:-1}" = "0" ]; then ALONE=0; fi
+if [ "$ALONE" = "1" ]; then
+  echo "[test] the vLLM-on-CPU venv: bash scripts/setup_vllm_cpu.sh"
+  bash scripts/setup_vllm_cpu.sh
+fi
 
 echo "[test] ruff check ."
 "$VENV/bin/ruff" check .
 echo "[test] pytest $*"
-exec "$VENV/bin/python" -m pytest "$@"
+if [ "$ALONE" = "0" ]; then
+  exec "$VENV/bin/python" -m pytest "$@"
+fi
+"$VENV/bin/python" -m pytest
+echo "[test] the tests that need the machine alone: pytest -n 0 -m 'alone and not slow'"
+exec "$VENV/bin/python" -m pytest -n 0 -m "alone and not slow"

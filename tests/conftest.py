@@ -29,7 +29,14 @@ def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Skip tests marked `gpu` unless CUDA is available (torch is only imported when such tests exist)."""
+    """Skip tests marked `alone` beside other xdist workers, and tests marked `gpu` unless CUDA is available
+    (torch is only imported when such tests exist)."""
+    if int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")) > 1:  # set by xdist in each worker
+        alone = pytest.mark.skip(reason="needs the machine to itself (memory): scripts/test.sh runs it after the suite; "
+                                        "alone: `pytest -n 0 -m alone`")
+        for item in items:
+            if "alone" in item.keywords:
+                item.add_marker(alone)
     gpu_items = [item for item in items if "gpu" in item.keywords]
     if not gpu_items:
         return

@@ -9,7 +9,8 @@ recomputation of the same tokens after every weight sync (verl's ``rollout_corr/
 rollout dumps' invariants, tool calls parsed from vLLM's text, and validation.
 
 The venv tests are skipped, saying why, when the venv (``bash scripts/setup_vllm_cpu.sh``; ``AGENTEVOLVER_VLLM_VENV`` moves it)
-is absent; scripts/test.sh does not create it yet (the run needs ~12.5 GB: run this file alone, docs/backends.md).
+is absent. The training run needs ~12.5 GB, so it is marked ``alone``: beside other xdist workers it skips, and
+scripts/test.sh creates the venv and runs it after the suite, on its own (``pytest -n 0 -m alone``).
 """
 
 from __future__ import annotations
@@ -115,6 +116,7 @@ def test_the_vllm_cpu_venv_has_the_shim_and_patch_4() -> None:
 
 
 @needs_venv
+@pytest.mark.alone
 # A hang limit twice the run's ~7 minutes on a loaded 2-core machine: verl's weight sync waits forever on a vLLM
 # worker that died (e.g. killed by Ray's memory monitor), and the timeout's exception kills the run's processes.
 @pytest.mark.timeout(900)
