@@ -151,6 +151,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--before", default="3f12954", help="the revision to compare against")
     parser.add_argument("--after", default="HEAD", help="the revision under test")
     parser.add_argument("--rounds", type=int, default=1, help="pairs of runs, the order alternating")
+    parser.add_argument("--after-first", action="store_true",
+                        help="start the alternation with the 'after' revision (to pair with an earlier invocation)")
     parser.add_argument("--keep", type=Path, default=None,
                         help="a folder for each run's log and metrics.jsonl (default: a temporary one, removed)")
     parser.add_argument("overrides", nargs="*", help="Hydra overrides for both runs (after --)")
@@ -168,7 +170,7 @@ def main(argv: list[str] | None = None) -> int:
             work.mkdir(parents=True, exist_ok=True)
         for index in range(args.rounds):
             order = [(before_commit, before), (after_commit, after)]
-            for commit, runs in order if index % 2 == 0 else order[::-1]:
+            for commit, runs in order if (index + args.after_first) % 2 == 0 else order[::-1]:
                 runs.append(run_quickstart(commit, args.overrides, work))
     print(f"load average at end: {os.getloadavg()[0]:.2f}")
     print(table(before, after))
