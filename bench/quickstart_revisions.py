@@ -32,6 +32,8 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 METRICS = Path("checkpoints") / "agentevolver" / "quickstart" / "metrics.jsonl"
 VALIDATION_PREFIX = "val-core/"
 VALIDATION_SUFFIX = "/acc/mean@1"
+#: Since issue 26 every stage is timed every step, and one that did not run logs ~0 s (its timer's own cost).
+EXTRA_WORK_S = 0.5
 
 
 @dataclass
@@ -44,6 +46,10 @@ class QuickstartRun:
     validation: dict[int, float] = field(default_factory=dict)  # step -> greedy validation success
     step_s: list[float] = field(default_factory=list)  # timing_s/step of each training step
     tokens: list[float] = field(default_factory=list)  # perf/total_num_tokens of each training step
+    #: Per training step: did it validate or save (timing_s/testing or save_checkpoint of EXTRA_WORK_S or more)?
+    #: Since issue 26 the step timer covers validation and checkpointing (the step's last stages); before, they
+    #: were outside it. The ratios compare the steps that did neither, so both revisions time the same work.
+    extra_work: list[bool] = field(default_factory=list)
     stages: dict[str, list[float]] = field(default_factory=dict)  # timing_s/<stage> -> seconds per step
 
 
@@ -72,8 +78,12 @@ def read_run(revision: str, metrics_file: Path, wall_s: float, exit_code: int) -
         if "timing_s/step" in row:
             run.step_s.append(float(row["timing_s/step"]))
             run.tokens.append(float(row.get("perf/total_num_tokens", 0.0)))
+            run.extra_work.append(any(float(row.get(f"timing_s/{stage}", 0.0)) >= EXTRA_WORK_S
+                                      for stage in ("testing", "save_checkpoint")))
             for key, value in row.items():
-                if key.startswith("timing_s/") and key != "timing_s/step" and isinstance(value, int | float):
+                # the step's own stages (timing_s/<stage>), not the agent loop's per-episode statistics
+                if (key.startswith("timing_s/") and key.count("/") == 1 and key != "timing_s/step"
+                        and isinstance(value, int | float)):
                     run.stages.setdefault(key[len("timing_s/"):], []).append(float(value))
     return run
 
@@ -110,11 +120,12 @@ def table(before: list[QuickstartRun], after: list[QuickstartRun]) -> str:
         median = f"{statistics.median(run.step_s):.1f}" if run.step_s else "-"
         steps = " / ".join(f"{s:.0f}" for s in run.step_s) or "-"
         lines.append(f"| {run.revision[:12]} | {curve} | {median} | {steps} | {run.wall_s:.0f} | {run.exit_code} |")
-    b = [s for run in before for s in run.step_s]
-    a = [s for run in after for s in run.step_s]
+    b = [s for run in before for s, extra in zip(run.step_s, _flags(run), strict=True) if not extra]
+    a = [s for run in after for s, extra in zip(run.step_s, _flags(run), strict=True) if not extra]
     if a and b:
         ratio = statistics.median(a) / statistics.median(b)
-        lines += ["", f"median step time, after / before: **{ratio:.2f}x** ({len(a)} and {len(b)} steps)"]
+        lines += ["", f"median step time of the steps that neither validate nor save, after / before: **{ratio:.2f}x** "
+                      f"({len(a)} and {len(b)} steps)"]
         per_token = [_per_1k_tokens(runs) for runs in (before, after)]
         if all(per_token):
             lines.append(f"seconds per 1,000 trained tokens (the samples differ run to run), after / before: "
@@ -123,10 +134,17 @@ def table(before: list[QuickstartRun], after: list[QuickstartRun]) -> str:
     return "\n".join(lines)
 
 
+def _flags(run: QuickstartRun) -> list[bool]:
+    """Which steps validated or saved (all False for a run read before the flags existed)."""
+    return run.extra_work if len(run.extra_work) == len(run.step_s) else [False] * len(run.step_s)
+
+
 def _per_1k_tokens(runs: list[QuickstartRun]) -> float:
-    """All steps' seconds over all steps' tokens, per 1,000 tokens (0 when no step logged its tokens)."""
-    tokens = sum(t for run in runs for t in run.tokens)
-    return 1000 * sum(s for run in runs for s in run.step_s) / tokens if tokens else 0.0
+    """Seconds per 1,000 tokens over the steps that neither validate nor save (0 when none logged tokens)."""
+    pairs = [(s, t) for run in runs for s, t, extra in zip(run.step_s, run.tokens, _flags(run), strict=False)
+             if not extra]
+    tokens = sum(t for _, t in pairs)
+    return 1000 * sum(s for s, _ in pairs) / tokens if tokens else 0.0
 
 
 def stage_table(before: list[QuickstartRun], after: list[QuickstartRun]) -> str:
@@ -140,9 +158,11 @@ def stage_table(before: list[QuickstartRun], after: list[QuickstartRun]) -> str:
 
     b, a = medians(before), medians(after)
     lines = ["| stage (timing_s/) | before s | after s |", "|---|---|---|"]
-    for stage in sorted(set(b) | set(a), key=lambda name: -max(b.get(name, 0.0), a.get(name, 0.0))):
-        lines.append(f"| {stage} | {b[stage]:.1f} | {a[stage]:.1f} |" if stage in b and stage in a else
-                     f"| {stage} | {b.get(stage, '-')} | {a.get(stage, '-')} |")
+    def cell(values: dict[str, float], stage: str) -> str:
+        return f"{values[stage]:.1f}" if stage in values else "-"
+
+    for stage in sorted(set(b) | set(a), key=lambda name: (-max(b.get(name, 0.0), a.get(name, 0.0)), name)):
+        lines.append(f"| {stage} | {cell(b, stage)} | {cell(a, stage)} |")
     return "\n".join(lines)
 
 

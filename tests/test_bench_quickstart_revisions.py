@@ -35,7 +35,7 @@ def test_a_runs_curve_and_step_times_are_read_and_compared(tmp_path: Path) -> No
     assert before.validation == {0: 0.633, 2: 0.8} and before.step_s == [60.0, 70.0]
     text = bench.table([before], [after])
     assert "| aaaaaaaaaaaa | 63.3% -> 80.0% | 65.0 | 60 / 70 | 400 | 0 |" in text
-    assert "after / before: **1.10x** (2 and 2 steps)" in text
+    assert "neither validate nor save, after / before: **1.10x** (2 and 2 steps)" in text
 
 
 def test_seconds_per_token_and_the_stages_are_compared(tmp_path: Path) -> None:
@@ -46,8 +46,11 @@ def test_seconds_per_token_and_the_stages_are_compared(tmp_path: Path) -> None:
         {"step": 2, "timing_s/step": 40.0, "perf/total_num_tokens": 4000, "timing_s/gen": 20.0}]), 1.0, 0)
     after = bench.read_run("b" * 40, write_metrics(tmp_path / "a.jsonl", [
         {"step": 1, "timing_s/step": 90.0, "perf/total_num_tokens": 9000, "timing_s/gen": 45.0,
-         "timing_s/judge": 0.5}]), 1.0, 0)
+         "timing_s/judge": 0.5, "timing_s/testing": 0.0},  # a stage that did not run: 0 s
+        # a step that validates: left out of the ratios (since issue 26 the step timer covers validation)
+        {"step": 2, "timing_s/step": 190.0, "perf/total_num_tokens": 9000, "timing_s/testing": 100.0}]), 1.0, 0)
     assert before.tokens == [6000.0, 4000.0] and before.stages == {"gen": [30.0, 20.0]}
+    assert after.extra_work == [False, True]
     text = bench.table([before], [after])
     assert "after / before: **1.80x** (1 and 2 steps)" in text  # slower steps ...
     assert "after / before: **1.00x** (10.00 and 10.00 s)" in text  # ... that trained more tokens at the same rate
