@@ -329,8 +329,8 @@ def test_the_few_seed_regime_seeds_are_the_capped_training_tasks(calc: str) -> N
                                   "task_manager.num_seed_tasks=8", "data.train_max_samples=8"])
     with EnvClient.from_config(settings.env_service) as env:
         seeds = [s.task_id for s in seed_tasks(env, settings)]
-        train = [row["task_id"] for row in tasks_from_env_service(env, "calc", settings.env_service.train_split, 8)]
-        val = [row["task_id"] for row in tasks_from_env_service(env, "calc", settings.env_service.val_split, -1)]
+        train = [objective.task.task_id for objective in tasks_from_env_service(env, "calc", settings.env_service.train_split, 8)]
+        val = [objective.task.task_id for objective in tasks_from_env_service(env, "calc", settings.env_service.val_split, -1)]
     assert seeds == train and len(seeds) == 8 and not set(seeds) & set(val)
 
 
