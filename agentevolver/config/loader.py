@@ -88,12 +88,9 @@ def validate_config(cfg: DictConfig, *, checks: Sequence[SectionCheck] = ()) -> 
     try:
         settings = AgentEvolverSettings.model_validate(sections)
     except ValidationError as err:
-        lines = format_validation_error(err, extra=len(found)).splitlines()
-        raise ConfigError("\n".join([*lines, *(f"  {message}" for message in found)])) from err
+        raise ConfigError(problems([*_problem_lines(err), *found])) from err
     if found:
-        count = len(found)
-        raise ConfigError("\n".join([f"invalid config ({count} problem{'s' if count > 1 else ''}):",
-                                     *(f"  {message}" for message in found)]))
+        raise ConfigError(problems(found))
     return settings
 
 
@@ -109,15 +106,20 @@ def load_config(
     return cfg, validate_config(cfg, checks=checks)
 
 
-def format_validation_error(err: ValidationError, *, extra: int = 0) -> str:
-    """Turn pydantic's error list into one line per key: ``a.b.c: must be ...; got X`` (the count in the
-    header includes ``extra`` problems the caller lists after these lines)."""
-    count = err.error_count() + extra
-    lines = [f"invalid config ({count} problem{'s' if count > 1 else ''}):"]
-    for item in err.errors(include_url=False):
-        key = ".".join(str(part) for part in item["loc"]) or "<root>"
-        lines.append(f"  {key}: {_describe(item)}")
-    return "\n".join(lines)
+def format_validation_error(err: ValidationError) -> str:
+    """Turn pydantic's error list into one line per key: ``a.b.c: must be ...; got X``."""
+    return problems(_problem_lines(err))
+
+
+def problems(lines: Sequence[str]) -> str:
+    """The message listing config problems, one ``key: what`` line each, under a count."""
+    count = len(lines)
+    return "\n".join([f"invalid config ({count} problem{'s' if count > 1 else ''}):", *(f"  {line}" for line in lines)])
+
+
+def _problem_lines(err: ValidationError) -> list[str]:
+    return [f"{'.'.join(str(part) for part in item['loc']) or '<root>'}: {_describe(item)}"
+            for item in err.errors(include_url=False)]
 
 
 def _describe(item: Any) -> str:

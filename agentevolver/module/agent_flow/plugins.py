@@ -14,7 +14,7 @@ from typing import Any
 from agentevolver.config.agent_flow import AgentFlowConfig
 from agentevolver.errors import ConfigError
 from agentevolver.module.context_manager import ContextManagerConfig, context_manager_names
-from agentevolver.module.tools.parsing import build_parser
+from agentevolver.module.tools.config import parser_for_key
 
 __all__ = ["check_plugin_names", "context_config", "plugin_name_errors"]
 
@@ -33,9 +33,9 @@ def plugin_name_errors(sections: Mapping[str, Any]) -> list[str]:
     tools = flow.get("tools")
     if isinstance(tools, Mapping) and "tool_parser" in tools:
         try:
-            build_parser(tools["tool_parser"])
+            parser_for_key(tools["tool_parser"])
         except ConfigError as err:
-            errors.append(f"agent_flow.tools.tool_parser: {str(err).removeprefix('tool_parser: ')}")
+            errors.append(str(err))
     return errors
 
 

@@ -15,14 +15,19 @@ from agentevolver.module.tools.registry import ToolRegistry
 from agentevolver.module.tools.rewards import fold_tool_rewards
 from agentevolver.module.tools.toolset import ToolSet
 
-__all__ = ["ToolsConfig", "execute_kwargs", "fold_rewards", "make_parser", "toolset"]
+__all__ = ["ToolsConfig", "execute_kwargs", "fold_rewards", "make_parser", "parser_for_key", "toolset"]
 
 
 def make_parser(config: ToolsConfig) -> ToolCallParser:
-    """The configured parser (parsers are stateless; one may serve many episodes); a bad name or option is a
-    :class:`ConfigError` naming ``agent_flow.tools.tool_parser``."""
+    """The configured parser (parsers are stateless; one may serve many episodes)."""
+    return parser_for_key(config.tool_parser)
+
+
+def parser_for_key(spec: Any) -> ToolCallParser:
+    """The parser ``agent_flow.tools.tool_parser`` names; a bad name or option is a :class:`ConfigError`
+    naming that key (the start-up check and :func:`make_parser` both go through here)."""
     try:
-        return build_parser(config.tool_parser)
+        return build_parser(spec)
     except ConfigError as err:
         raise ConfigError(f"agent_flow.tools.tool_parser: {str(err).removeprefix('tool_parser: ')}") from err
 
