@@ -40,6 +40,7 @@ def prepare_config(cfg: DictConfig) -> DictConfig:
     _resolve_compute_dtypes(cfg)
     _resolve_worker_threads(cfg)
     _runtime_env_vars_as_text(cfg)
+    _resolve_allocator(cfg)
     with open_dict(cfg):
         cfg.actor_rollout_ref.model.path = str(resolve_model_path(str(cfg.actor_rollout_ref.model.path)))
         # Absolute here: the TaskRunner and workers may run on other nodes, in other working directories.
@@ -56,11 +57,14 @@ def prepare_config(cfg: DictConfig) -> DictConfig:
 
 
 def _resolve_compute_dtypes(cfg: DictConfig) -> None:
-    """``auto`` compute dtypes (the CPU backend's default) become bf16 or fp32 by the CPU's flags, before verl
-    reads them; ``auto`` is the CPU backend's value, so another device names its dtype."""
+    """``auto`` compute dtypes (the CPU backend's default) become bf16 or fp32 by the CPU's flags and a measured
+    bf16 speed-up, before verl reads them; ``auto`` is the CPU backend's value, so another device names its
+    dtype."""
     from agentevolver.backends.cpu.precision import (
         AUTO,
         AUTO_DTYPE_KEYS,
+        MIN_BF16_SPEEDUP,
+        bf16_speedup,
         cpu_bf16_support,
         resolve_auto_dtypes,
     )
@@ -69,14 +73,18 @@ def _resolve_compute_dtypes(cfg: DictConfig) -> None:
     if device != "cpu":
         auto = [key for key in AUTO_DTYPE_KEYS if OmegaConf.select(cfg, key, default=None) == AUTO]
         if auto:
-            raise ConfigError(f"{auto[0]}: 'auto' picks a dtype from the CPU's flags, so it needs "
+            raise ConfigError(f"{auto[0]}: 'auto' picks a dtype by measuring this CPU, so it needs "
                               f"trainer.device=cpu (here {device}); set bf16 or fp32")
         return
     chosen = resolve_auto_dtypes(cfg)
     if chosen:
         support = cpu_bf16_support()
-        print(f"[agentevolver] compute dtype: {'/'.join(sorted(set(chosen.values())))} "
-              f"({'the CPU has ' + support if support else 'no bf16 units on this CPU'}; "
+        why = "no bf16 units on this CPU"
+        if support:
+            speedup = bf16_speedup()
+            why = (f"the CPU has {support}; bf16 matrix products ran {speedup:.2f}x fp32's speed here, "
+                   f"bf16 needs >= {MIN_BF16_SPEEDUP}x")
+        print(f"[agentevolver] compute dtype: {'/'.join(sorted(set(chosen.values())))} ({why}; "
               f"set the dtype keys to fp32 or bf16 to choose)", file=sys.stderr)
 
 
@@ -85,6 +93,14 @@ def _resolve_worker_threads(cfg: DictConfig) -> None:
     from agentevolver.backends.cpu.threads import resolve_auto_threads
 
     resolve_auto_threads(cfg)
+
+
+def _resolve_allocator(cfg: DictConfig) -> None:
+    """The memory allocator the config names (the CPU preset's ``AGENTEVOLVER_ALLOCATOR``) becomes the variables
+    that select it, in the runtime env and in this process's environment, before ray.init starts anything."""
+    from agentevolver.backends.cpu.allocator import resolve_allocator
+
+    resolve_allocator(cfg)
 
 
 def _runtime_env_vars_as_text(cfg: DictConfig) -> None:

@@ -3,6 +3,8 @@ on the driver before verl reads the keys (agentevolver/backends/cpu/precision.py
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from omegaconf import OmegaConf
 
@@ -22,26 +24,62 @@ OLD_XEON = "sse2 avx2 avx512f avx512_vnni"
 ])
 def test_bf16_support_is_read_from_the_cpu_flags(flags: str, expected: str | None) -> None:
     assert precision.cpu_bf16_support(flags.split()) == expected
-    assert precision.resolve_dtype("auto", flags=flags.split()) == ("bf16" if expected else "fp32")
+    assert precision.resolve_dtype("auto", flags=flags.split(), speedup=3.0) == ("bf16" if expected else "fp32")
     assert precision.resolve_dtype("fp32", flags=flags.split()) == "fp32"  # an explicit dtype is kept
+
+
+@pytest.mark.parametrize(("speedup", "dtype"), [(4.06, "bf16"), (1.1, "bf16"), (1.05, "fp32"), (0.58, "fp32")])
+def test_a_bf16_flag_is_not_enough_bf16_must_measure_faster(speedup: float, dtype: str) -> None:
+    """Measured: an AMD EPYC with avx512_bf16 ran bf16 matrix products 4.06x faster than fp32; an Intel Xeon VM
+    listing avx512_bf16 (no AMX) ran them at 0.58x, and every stage of a step was slower in bf16."""
+    assert precision.resolve_dtype("auto", flags=ZEN4.split(), speedup=speedup) == dtype
+    assert precision.resolve_dtype("auto", flags=OLD_XEON.split(), speedup=speedup) == "fp32"  # no flag: no probe
+
+
+def test_the_probe_is_measured_once_per_machine_and_kept(monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
+    monkeypatch.setenv("AGENTEVOLVER_CACHE_DIR", str(tmp_path))
+    calls: list[float] = []
+    real = precision._measure_speedup
+
+    def measure() -> float:
+        calls.append(real())
+        return calls[-1]
+
+    monkeypatch.setattr(precision, "_measure_speedup", measure)
+    precision.bf16_speedup.cache_clear()
+    try:
+        first = precision.bf16_speedup()
+        assert first > 0 and len(calls) == 1  # a real measurement of this CPU
+        precision.bf16_speedup.cache_clear()  # a new process: reads the kept result, measures nothing
+        assert precision.bf16_speedup() == first and len(calls) == 1
+        kept = json.loads((tmp_path / "cpu_bf16_probe.json").read_text())
+        assert [entry["speedup"] for entry in kept.values()] == [first]
+        assert precision._probe_key() in kept  # keyed by CPU model, flags, torch version and threads
+    finally:
+        precision.bf16_speedup.cache_clear()
 
 
 def test_the_machine_flags_come_from_cpuinfo_once(monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
     cpuinfo = tmp_path / "cpuinfo"
     cpuinfo.write_text(f"processor\t: 0\nflags\t\t: {OLD_XEON}\n\nprocessor\t: 1\nflags\t\t: {OLD_XEON}\n")
     monkeypatch.setattr(precision, "_CPUINFO", cpuinfo)
-    precision._machine_flags.cache_clear()
+    _clear_cpuinfo()
     try:
         assert precision.cpu_bf16_support() is None
         cpuinfo.write_text(f"flags\t\t: {ZEN4}\n")
         assert precision.cpu_bf16_support() is None  # read once per process
-        precision._machine_flags.cache_clear()
+        _clear_cpuinfo()
         assert precision.cpu_bf16_support() == "avx512_bf16"
         monkeypatch.setattr(precision, "_CPUINFO", tmp_path / "missing")
-        precision._machine_flags.cache_clear()
+        _clear_cpuinfo()
         assert precision.cpu_bf16_support() is None  # not Linux: no bf16 assumed
     finally:
-        precision._machine_flags.cache_clear()
+        _clear_cpuinfo()
+
+
+def _clear_cpuinfo() -> None:
+    precision._cpuinfo.cache_clear()
+    precision._machine_flags.cache_clear()
 
 
 def _cpu_config(*overrides: str):
@@ -53,7 +91,7 @@ def _cpu_config(*overrides: str):
 def test_the_cpu_preset_resolves_auto_for_actor_reference_and_rollout(flags: str, dtype: str) -> None:
     cfg = _cpu_config()
     assert {OmegaConf.select(cfg, key) for key in precision.AUTO_DTYPE_KEYS} == {"auto"}
-    chosen = precision.resolve_auto_dtypes(cfg, flags=flags.split())
+    chosen = precision.resolve_auto_dtypes(cfg, flags=flags.split(), speedup=2.0)
     assert chosen == dict.fromkeys(precision.AUTO_DTYPE_KEYS, dtype)
     assert [OmegaConf.select(cfg, key) for key in precision.AUTO_DTYPE_KEYS] == [dtype] * 3
     # reductions and buffers stay fp32 (fp32 master weights and gradient reductions)
@@ -63,16 +101,18 @@ def test_the_cpu_preset_resolves_auto_for_actor_reference_and_rollout(flags: str
 def test_an_explicit_dtype_is_not_touched() -> None:
     cfg = _cpu_config("actor_rollout_ref.rollout.dtype=float32",
                       "actor_rollout_ref.actor.fsdp_config.mixed_precision.param_dtype=fp32")
-    chosen = precision.resolve_auto_dtypes(cfg, flags=ZEN4.split())
+    chosen = precision.resolve_auto_dtypes(cfg, flags=ZEN4.split(), speedup=2.0)
     assert chosen == {"actor_rollout_ref.ref.fsdp_config.mixed_precision.param_dtype": "bf16"}
     assert cfg.actor_rollout_ref.rollout.dtype == "float32"
 
 
 def test_prepare_config_resolves_auto_on_the_driver() -> None:
     cfg = prepare_config(_cpu_config())
-    expected = "bf16" if precision.cpu_bf16_support() else "fp32"
+    expected = precision.resolve_dtype("auto")  # this machine's flag and measured speed-up
+    flag = precision.cpu_bf16_support()
+    assert expected == ("bf16" if flag and precision.bf16_speedup() >= precision.MIN_BF16_SPEEDUP else "fp32")
     assert [OmegaConf.select(cfg, key) for key in precision.AUTO_DTYPE_KEYS] == [expected] * 3
-    assert precision.describe(cfg) == {"cpu_bf16_flag": precision.cpu_bf16_support(),
+    assert precision.describe(cfg) == {"cpu_bf16_flag": flag, "bf16_speedup": precision.bf16_speedup() if flag else None,
                                        "dtypes": dict.fromkeys(precision.AUTO_DTYPE_KEYS, expected)}
 
 
@@ -86,7 +126,7 @@ def test_auto_off_the_cpu_is_refused_with_the_key_named() -> None:
 
 def test_the_hf_rollout_takes_auto_and_names_the_choices() -> None:
     assert _dtype_name("bf16") == "bfloat16" and _dtype_name("float32") == "float32"
-    assert _dtype_name("auto") == ("bfloat16" if precision.cpu_bf16_support() else "float32")
+    assert _dtype_name("auto") == ("bfloat16" if precision.resolve_dtype("auto") == "bf16" else "float32")
     with pytest.raises(ValueError, match=r"rollout\.dtype must be auto, float32, bfloat16 or float16"):
         _dtype_name("int8")
 

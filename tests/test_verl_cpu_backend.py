@@ -215,10 +215,10 @@ def _server(**overrides: str):
 async def test_server_generates_like_verls_vllm_server():
     server = _server()
     info = await server.ready()
-    # the preset's rollout.dtype is auto: bf16 on a CPU with bf16 units, else fp32
-    from agentevolver.backends.cpu.precision import cpu_bf16_support
+    # the preset's rollout.dtype is auto: bf16 where it is faster on this CPU, else fp32
+    from agentevolver.backends.cpu.precision import resolve_dtype
 
-    assert info["dtype"] == ("torch.bfloat16" if cpu_bf16_support() else "torch.float32")
+    assert info["dtype"] == ("torch.bfloat16" if resolve_dtype("auto") == "bf16" else "torch.float32")
     await server.set_global_steps(3)
     params = {"temperature": 1.0, "top_p": 1.0, "top_k": -1, "repetition_penalty": 1.0, "logprobs": True}
     out = await server.generate(prompt_ids=[1, 42, 7], sampling_params=dict(params), request_id="a")

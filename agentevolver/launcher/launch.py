@@ -104,7 +104,8 @@ class _Launch:
                                   f"does not answer {svc.health_url}; stop that program or change the port in "
                                   f"launcher.services.{svc.name}.url (or the config key it comes from)")
             to_start.append(svc)
-        base_env = {**os.environ, "PYTHONUNBUFFERED": "1"}  # so a failing service's log shows its last words
+        # PYTHONUNBUFFERED: so a failing service's log shows its last words
+        base_env = {**os.environ, **self.plan.process_env, "PYTHONUNBUFFERED": "1"}
         for svc in to_start:
             log_path = self.record.log_path(svc.log_file)
             self.service_env[svc.name] = {**base_env, **svc.env}
@@ -170,7 +171,8 @@ class _Launch:
     def run_training(self) -> int:
         argv = self.plan.training_argv
         self.say(f"training: {shlex.join(argv)}")
-        self.training = start_unit("training", argv, env=dict(os.environ), launch_id=self.launch_id)
+        self.training = start_unit("training", argv, env={**os.environ, **self.plan.process_env},
+                                   launch_id=self.launch_id)
         self.record.update(training={"argv": argv, "pid": self.training.pid})
         while True:
             self.signals.check()

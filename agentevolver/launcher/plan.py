@@ -6,16 +6,18 @@ launch before any process starts) and resolves every service; ``--dry-run`` prin
 
 from __future__ import annotations
 
+import os
 import shlex
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 from rich.console import Console
 from rich.table import Table
 
+from agentevolver.backends.cpu.allocator import ALLOCATOR_KEY, allocator_env, configured_allocator
 from agentevolver.config import AgentEvolverSettings, load_config
 from agentevolver.errors import ConfigError
 from agentevolver.launcher.record import CONFIG_NAME
@@ -43,6 +45,8 @@ class LaunchPlan:
     target: str
     services: list[ServicePlan]
     training_argv: list[str] = field(default_factory=list)
+    #: Variables every process the launcher starts gets (the run's memory allocator; none when it names none).
+    process_env: dict[str, str] = field(default_factory=dict)
 
 
 def split_overrides(overrides: list[str]) -> tuple[list[str], list[str]]:
@@ -103,6 +107,8 @@ def build_plan(conf: Path, overrides: list[str], services: list[str], envs: str 
     plan = LaunchPlan(conf=conf, overrides=config_overrides, hydra_overrides=hydra_overrides,
                       experiment=experiment, record_dir=record_dir.resolve(), target=target, services=plans)
     plan.training_argv = training_argv(plan)
+    if OmegaConf.select(cfg, ALLOCATOR_KEY, default=None) is not None:
+        plan.process_env = allocator_env(configured_allocator(cfg), preload=os.environ.get("LD_PRELOAD"))
     return plan, cfg, settings
 
 
@@ -150,5 +156,8 @@ def print_plan(plan: LaunchPlan, console: Console, probe_timeout_s: float) -> No
     if plan.overrides:
         grid.add_row("overrides", shlex.join(plan.overrides) + "  (composed into the recorded config)")
     grid.add_row("training", shlex.join(plan.training_argv))
+    if plan.process_env:
+        grid.add_row("environment", " ".join(f"{k}={v}" for k, v in plan.process_env.items())
+                     + "  (every process started)")
     console.print(f"[bold]launch plan for experiment {plan.experiment!r}[/bold] (--dry-run: nothing started)")
     console.print(grid)

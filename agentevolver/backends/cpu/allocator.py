@@ -5,13 +5,28 @@ PyTorch step frees and allocates the same large buffers again and again, so on C
 zero-fills them on every step. :data:`GLIBC_TUNED` keeps freed memory in the heap for reuse. An allocator is
 chosen when a process starts, so these are environment variables given to processes before they start
 (bench/allocator.py measures them).
+
+The run's choice is ``AGENTEVOLVER_ALLOCATOR`` among the Ray workers' variables (:data:`ALLOCATOR_KEY`,
+config/backend/cpu.yaml). :func:`resolve_allocator` expands it into the variables that select it, for the
+workers (the runtime env, which Ray applies before a worker's process starts) and for this process's
+children (``os.environ``: the local Ray's raylet and workers inherit it); the launcher gives the same
+variables to the services and the training process it starts (:func:`allocator_env`).
 """
 
 from __future__ import annotations
 
+import logging
+import os
 from pathlib import Path
 
-__all__ = ["GLIBC_TUNED", "preload_library"]
+from omegaconf import DictConfig, OmegaConf, open_dict
+
+from agentevolver.errors import ConfigError
+
+__all__ = ["ALLOCATORS", "ALLOCATOR_KEY", "ALLOCATOR_VAR", "GLIBC_TUNED", "allocator_env", "configured_allocator",
+           "preload_library", "resolve_allocator"]
+
+logger = logging.getLogger(__name__)
 
 #: glibc tunables (legacy ``MALLOC_*_`` variables, read at process start): no mmap for big blocks (threshold
 #: 1 TB), never trim the heap top (100 GB), grow the heap 1 GB at a time (virtual: only touched pages count).
@@ -21,9 +36,16 @@ GLIBC_TUNED: dict[str, str] = {
     "MALLOC_TOP_PAD_": "1000000000",
 }
 
-#: Debian's file names of the allocators ``LD_PRELOAD`` can load.
+#: Debian's file names of the allocators ``LD_PRELOAD`` can load (packages libjemalloc2, libtcmalloc-minimal4).
 _LIBRARIES = {"jemalloc": "libjemalloc.so.2", "tcmalloc": "libtcmalloc_minimal.so.4"}
 _LIBRARY_DIRS = ("/usr/lib/x86_64-linux-gnu", "/usr/lib/aarch64-linux-gnu", "/usr/lib64", "/usr/lib")
+
+#: The choices: glibc as it comes, glibc with :data:`GLIBC_TUNED`, or a preloaded library.
+ALLOCATORS: tuple[str, ...] = ("default", "glibc-tuned", *_LIBRARIES)
+
+#: The variable that names the run's allocator, and where the CPU preset sets it.
+ALLOCATOR_VAR = "AGENTEVOLVER_ALLOCATOR"
+ALLOCATOR_KEY = f"ray_kwargs.ray_init.runtime_env.env_vars.{ALLOCATOR_VAR}"
 
 
 def preload_library(name: str) -> str | None:
@@ -34,3 +56,49 @@ def preload_library(name: str) -> str | None:
         if path.is_file():
             return str(path)
     return None
+
+
+def allocator_env(name: str, *, key: str = ALLOCATOR_KEY, preload: str | None = None) -> dict[str, str]:
+    """The environment variables that give a new process allocator ``name`` (the name itself included, so a
+    process can tell which it was given). ``preload``: an ``LD_PRELOAD`` already in force, kept after ours.
+
+    Raises :class:`ConfigError` naming ``key`` for an unknown name or a library that is not installed.
+    """
+    if name not in ALLOCATORS:
+        raise ConfigError(f"{key}: must be one of {', '.join(ALLOCATORS)}; got {name!r}")
+    env = {ALLOCATOR_VAR: name}
+    if name == "glibc-tuned":
+        env.update(GLIBC_TUNED)
+    elif name in _LIBRARIES:
+        library = preload_library(name)
+        if library is None:
+            package = {"jemalloc": "libjemalloc2", "tcmalloc": "libtcmalloc-minimal4"}[name]
+            raise ConfigError(f"{key}: {name} needs {_LIBRARIES[name]}, which is not installed "
+                              f"(apt-get install {package}), or choose default or glibc-tuned")
+        others = [part for part in (preload or "").split() if part != library]
+        env["LD_PRELOAD"] = " ".join([library, *others])
+    return env
+
+
+def configured_allocator(cfg: DictConfig) -> str:
+    """The allocator the config names at :data:`ALLOCATOR_KEY` (``default`` where it names none)."""
+    return str(OmegaConf.select(cfg, ALLOCATOR_KEY, default=None) or "default")
+
+
+def resolve_allocator(cfg: DictConfig) -> dict[str, str]:
+    """Expand the config's allocator into the variables that select it (in place, among the Ray workers'
+    variables), and put them into ``os.environ`` so that processes started from here (the local Ray's raylet
+    and workers) start with it. Returns the variables: none where the config names no allocator, only the
+    name for ``default``."""
+    if OmegaConf.select(cfg, ALLOCATOR_KEY, default=None) is None:
+        return {}
+    name = configured_allocator(cfg)
+    env = allocator_env(name, preload=os.environ.get("LD_PRELOAD"))
+    with open_dict(cfg):
+        for var, value in env.items():
+            OmegaConf.update(cfg, f"ray_kwargs.ray_init.runtime_env.env_vars.{var}", value, merge=False)
+    os.environ.update(env)
+    if name != "default":
+        logger.info("memory allocator of the run's processes: %s (%s)", name,
+                    " ".join(f"{k}={v}" for k, v in env.items() if k != ALLOCATOR_VAR))
+    return env

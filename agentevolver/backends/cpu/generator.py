@@ -174,15 +174,15 @@ class HFGenerator:
         EOS ids come from the generation config, the model config and the tokenizer together: SmolLM2's
         chat template closes every turn with the tokenizer's eos ``<|im_end|>``, which is what must stop a
         response. ``pad_token_id`` defaults to the tokenizer's pad token (else the first EOS). ``dtype="auto"``
-        is bfloat16 on a CPU with native bf16 units, else float32 (:mod:`agentevolver.backends.cpu.precision`).
+        is bfloat16 where bf16 is faster on this CPU, else float32 (:mod:`agentevolver.backends.cpu.precision`).
         """
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
-        from agentevolver.backends.cpu.precision import AUTO, cpu_bf16_support
+        from agentevolver.backends.cpu.precision import AUTO, resolve_dtype
         from agentevolver.models import resolve_model_path
 
         if dtype == AUTO:
-            dtype = "bfloat16" if cpu_bf16_support() else "float32"
+            dtype = "bfloat16" if resolve_dtype(AUTO) == "bf16" else "float32"
         if dtype not in _DTYPES:
             raise ValueError(f"dtype must be auto or one of {', '.join(_DTYPES)}; got {dtype!r}")
         folder = resolve_model_path(path)
