@@ -108,7 +108,7 @@ def _measure_speedup() -> float:
     rows, width, cols = _PROBE_SHAPE
     best = {torch.float32: float("inf"), torch.bfloat16: float("inf")}
     operands = {dtype: (torch.randn(rows, width, dtype=dtype), torch.randn(width, cols, dtype=dtype)) for dtype in best}
-    for dtype, (a, b) in operands.items():  # warm-up: oneDNN builds its kernels on first use
+    for a, b in operands.values():  # warm-up: oneDNN builds its kernels on first use
         a @ b
     for _ in range(_PROBE_ROUNDS):
         for dtype, (a, b) in operands.items():
