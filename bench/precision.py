@@ -2,8 +2,9 @@
 
     .venv/bin/python bench/precision.py [--model smollm2-135m-instruct] [--rounds 2]
 
-Why: the CPU backend's dtype (``cpu_dtype: auto`` in config/backend/cpu.yaml, docs/backends.md) is bf16 only
-where it pays, and bf16 changes the numbers the update sees. Each stage runs in both dtypes inside this one
+Why: the CPU backend's dtype (the dtype keys' ``auto`` in config/backend/cpu.yaml, docs/backends.md) is bf16
+only where it pays (a bf16 flag and a probe's matrix product at >= 1.1x fp32; the title shows what ``auto``
+picks here), and bf16 changes the numbers the update sees. Each stage runs in both dtypes inside this one
 process, alternating (fp32, bf16, bf16, fp32, ...) so a drift of the machine's load falls on both; the best
 round of each counts and the ratio column is fp32 seconds / bf16 seconds (>1: bf16 is faster).
 
@@ -43,7 +44,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from agentevolver.backends.cpu.generator import HFGenerator  # noqa: E402
-from agentevolver.backends.cpu.precision import cpu_bf16_support  # noqa: E402
+from agentevolver.backends.cpu.precision import bf16_speedup, cpu_bf16_support, resolve_dtype  # noqa: E402
 from agentevolver.models import resolve_model_path  # noqa: E402
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
@@ -136,7 +137,9 @@ async def run(args: argparse.Namespace, console: Console) -> None:
             keep("log-prob", name, timed(lambda d=dtype: logprob_pass(model, lp_ids, d)))
             keep("update", name, timed(lambda d=dtype: update(model, optim, up_ids, d)))
 
-    table = Table(title=f"fp32 vs bf16, {args.model}; bf16 support: {cpu_bf16_support() or 'none'}; load "
+    probe = f", probe {bf16_speedup():.2f}x" if cpu_bf16_support() else ""
+    table = Table(title=f"fp32 vs bf16, {args.model}; bf16 flag: {cpu_bf16_support() or 'none'}{probe}, auto -> "
+                        f"{resolve_dtype('auto')}; load "
                         f"{load_at_start:.2f} at the start, {os.getloadavg()[0]:.2f} at the end (this bench included); "
                         f"best of {args.rounds}")
     for column in ("stage", "fp32", "bf16", "fp32 / bf16"):
