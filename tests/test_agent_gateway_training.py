@@ -2,7 +2,8 @@
 
 examples/agent_program/calc_agent.py, unchanged, is the agent of every episode: 2 GRPO steps of tiny-test on
 the ``lottery`` environment (its score varies between samples whatever the model says, so the update has
-advantages to follow), through the real training entry with Ray, verl's agent-loop workers, the CPU rollout
+advantages to follow; groups of 4, since with 2 tasks x 2 samples over 2 steps every group tied about one run
+in 16 and the update then had nothing to follow), through the real training entry with Ray, verl's agent-loop workers, the CPU rollout
 server and the gateway served inside the agent-loop worker. The dumps must obey the invariants agent-flow
 episodes obey.
 """
@@ -47,19 +48,28 @@ def check_token_fields(fields: dict) -> None:
 def test_an_openai_sdk_agent_trains_two_grpo_steps_through_the_gateway(service: str, tmp_path: Path) -> None:
     done = run_training(training_command(
         service, tmp_path, f"agent_program.callable={AGENT}:run", "agent_program.reward=env",
-        "agent_program.timeout_s=600", "agent_flow.max_steps=4"), tmp_path)
+        "agent_program.timeout_s=600", "agent_flow.max_steps=4", "actor_rollout_ref.rollout.n=4",
+        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4"), tmp_path)
     assert done.returncode == 0, (done.stdout + done.stderr)[-6000:]
     steps = read_metrics(tmp_path / "run" / "metrics.jsonl")
     assert sorted(steps) == [1, 2]
     for metrics in steps.values():
         assert math.isfinite(metrics["actor/pg_loss"]) and math.isfinite(metrics["actor/grad_norm"])
-        assert metrics["episode/count"] == 4 and metrics["episode/failed"] == 0.0
+        assert metrics["episode/count"] == 8 and metrics["episode/failed"] == 0.0
         assert metrics["episode/failed/program"] == 0.0
-    assert any(metrics["actor/grad_norm"] > 0 for metrics in steps.values())
     calls = 0
+    mixed_groups = 0
     for step in (1, 2):
         records = list(read_rollout_dump(tmp_path / "run" / "rollouts" / f"step_{step}.jsonl"))
-        assert len(records) == 4 and len({r["group_id"] for r in records}) == 2
+        assert len(records) == 8 and len({r["group_id"] for r in records}) == 2
+        scores: dict[str, set[float]] = {}
+        for record in records:
+            scores.setdefault(record["group_id"], set()).add(record["reward"]["outcome"])
+        mixed = sum(len(group) > 1 for group in scores.values())
+        # GRPO: a group whose samples all scored alike has zero advantage, so the gradient is non-zero exactly
+        # when some group is mixed
+        assert (steps[step]["actor/grad_norm"] > 0) == (mixed > 0), (step, scores, steps[step]["actor/grad_norm"])
+        mixed_groups += mixed
         for record in records:
             assert record["failure"] is None and record["env_type"] == "lottery"
             assert record["termination"] in ("finished", "max_steps", "budget"), record["error"]
@@ -71,4 +81,5 @@ def test_an_openai_sdk_agent_trains_two_grpo_steps_through_the_gateway(service: 
             calls += record["num_turns"]
             # the dump shows the program's conversation: its opening came from the environment's messages
             assert record["messages"][0]["role"] == "system" and "chain" in record["messages"][0]
-    assert calls >= 8
+    assert calls >= 16
+    assert mixed_groups > 0  # the update had something to follow (all 4 groups of 4 tie with p ~ 1/4096)
