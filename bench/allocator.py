@@ -36,15 +36,19 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from agentevolver.backends.cpu.allocator import GLIBC_TUNED, preload_library  # noqa: E402
+from agentevolver.backends.cpu.allocator import ALLOCATORS, allocator_env  # noqa: E402
+from agentevolver.errors import ConfigError  # noqa: E402
 
 
 def settings() -> dict[str, dict[str, str] | None]:
-    """Each setting's extra environment, None where its library is not installed."""
-    found: dict[str, dict[str, str] | None] = {"default": {}, "glibc-tuned": dict(GLIBC_TUNED)}
-    for name in ("jemalloc", "tcmalloc"):
-        library = preload_library(name)
-        found[name] = {"LD_PRELOAD": library} if library else None
+    """Each setting's extra environment (what a run gets, agentevolver/backends/cpu/allocator.py), None where
+    its library is not installed."""
+    found: dict[str, dict[str, str] | None] = {}
+    for name in ALLOCATORS:
+        try:
+            found[name] = allocator_env(name)
+        except ConfigError:  # jemalloc / tcmalloc not installed
+            found[name] = None
     return found
 
 

@@ -68,7 +68,7 @@ def test_each_choice_names_its_variables_and_a_bad_one_names_the_key() -> None:
 
 def test_the_cpu_preset_keeps_glibc_and_a_config_without_the_key_sets_nothing(clean_env) -> None:
     cfg = _cpu_config()
-    assert allocator.configured_allocator(cfg) == "default"
+    assert allocator.configured_env(cfg) == {allocator.ALLOCATOR_VAR: "default"}
     assert allocator.resolve_allocator(cfg) == {allocator.ALLOCATOR_VAR: "default"}
     assert "MALLOC_MMAP_THRESHOLD_" not in os.environ and "LD_PRELOAD" not in os.environ
     without = _cpu_config(f"~{allocator.ALLOCATOR_KEY}")

@@ -6,18 +6,17 @@ launch before any process starts) and resolves every service; ``--dry-run`` prin
 
 from __future__ import annotations
 
-import os
 import shlex
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 from rich.console import Console
 from rich.table import Table
 
-from agentevolver.backends.cpu.allocator import ALLOCATOR_KEY, allocator_env, configured_allocator
+from agentevolver.backends.cpu.allocator import configured_env
 from agentevolver.config import AgentEvolverSettings, load_config
 from agentevolver.errors import ConfigError
 from agentevolver.launcher.record import CONFIG_NAME
@@ -107,8 +106,7 @@ def build_plan(conf: Path, overrides: list[str], services: list[str], envs: str 
     plan = LaunchPlan(conf=conf, overrides=config_overrides, hydra_overrides=hydra_overrides,
                       experiment=experiment, record_dir=record_dir.resolve(), target=target, services=plans)
     plan.training_argv = training_argv(plan)
-    if OmegaConf.select(cfg, ALLOCATOR_KEY, default=None) is not None:
-        plan.process_env = allocator_env(configured_allocator(cfg), preload=os.environ.get("LD_PRELOAD"))
+    plan.process_env = configured_env(cfg)
     return plan, cfg, settings
 
 

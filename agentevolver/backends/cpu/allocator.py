@@ -23,7 +23,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 
 from agentevolver.errors import ConfigError
 
-__all__ = ["ALLOCATORS", "ALLOCATOR_KEY", "ALLOCATOR_VAR", "GLIBC_TUNED", "allocator_env", "configured_allocator",
+__all__ = ["ALLOCATORS", "ALLOCATOR_KEY", "ALLOCATOR_VAR", "GLIBC_TUNED", "allocator_env", "configured_env",
            "preload_library", "resolve_allocator"]
 
 logger = logging.getLogger(__name__)
@@ -36,8 +36,8 @@ GLIBC_TUNED: dict[str, str] = {
     "MALLOC_TOP_PAD_": "1000000000",
 }
 
-#: Debian's file names of the allocators ``LD_PRELOAD`` can load (packages libjemalloc2, libtcmalloc-minimal4).
-_LIBRARIES = {"jemalloc": "libjemalloc.so.2", "tcmalloc": "libtcmalloc_minimal.so.4"}
+#: The allocators ``LD_PRELOAD`` can load: Debian's file name of each, and the package that installs it.
+_LIBRARIES = {"jemalloc": ("libjemalloc.so.2", "libjemalloc2"), "tcmalloc": ("libtcmalloc_minimal.so.4", "libtcmalloc-minimal4")}
 _LIBRARY_DIRS = ("/usr/lib/x86_64-linux-gnu", "/usr/lib/aarch64-linux-gnu", "/usr/lib64", "/usr/lib")
 
 #: The choices: glibc as it comes, glibc with :data:`GLIBC_TUNED`, or a preloaded library.
@@ -50,7 +50,7 @@ ALLOCATOR_KEY = f"ray_kwargs.ray_init.runtime_env.env_vars.{ALLOCATOR_VAR}"
 
 def preload_library(name: str) -> str | None:
     """The path of allocator ``name`` (``jemalloc`` or ``tcmalloc``) when installed, else None."""
-    file = _LIBRARIES[name]
+    file = _LIBRARIES[name][0]
     for folder in _LIBRARY_DIRS:
         path = Path(folder) / file
         if path.is_file():
@@ -72,28 +72,30 @@ def allocator_env(name: str, *, key: str = ALLOCATOR_KEY, preload: str | None = 
     elif name in _LIBRARIES:
         library = preload_library(name)
         if library is None:
-            package = {"jemalloc": "libjemalloc2", "tcmalloc": "libtcmalloc-minimal4"}[name]
-            raise ConfigError(f"{key}: {name} needs {_LIBRARIES[name]}, which is not installed "
+            file, package = _LIBRARIES[name]
+            raise ConfigError(f"{key}: {name} needs {file}, which is not installed "
                               f"(apt-get install {package}), or choose default or glibc-tuned")
         others = [part for part in (preload or "").split() if part != library]
         env["LD_PRELOAD"] = " ".join([library, *others])
     return env
 
 
-def configured_allocator(cfg: DictConfig) -> str:
-    """The allocator the config names at :data:`ALLOCATOR_KEY` (``default`` where it names none)."""
-    return str(OmegaConf.select(cfg, ALLOCATOR_KEY, default=None) or "default")
+def configured_env(cfg: DictConfig) -> dict[str, str]:
+    """The variables that select the allocator the config names at :data:`ALLOCATOR_KEY` for processes started
+    from this one (an ``LD_PRELOAD`` in force here is kept); none where the config names no allocator, only the
+    name for ``default``."""
+    name = OmegaConf.select(cfg, ALLOCATOR_KEY, default=None)
+    return {} if name is None else allocator_env(str(name), preload=os.environ.get("LD_PRELOAD"))
 
 
 def resolve_allocator(cfg: DictConfig) -> dict[str, str]:
     """Expand the config's allocator into the variables that select it (in place, among the Ray workers'
     variables), and put them into ``os.environ`` so that processes started from here (the local Ray's raylet
-    and workers) start with it. Returns the variables: none where the config names no allocator, only the
-    name for ``default``."""
-    if OmegaConf.select(cfg, ALLOCATOR_KEY, default=None) is None:
-        return {}
-    name = configured_allocator(cfg)
-    env = allocator_env(name, preload=os.environ.get("LD_PRELOAD"))
+    and workers) start with it. Returns the variables (:func:`configured_env`)."""
+    env = configured_env(cfg)
+    if not env:
+        return env
+    name = env[ALLOCATOR_VAR]
     with open_dict(cfg):
         for var, value in env.items():
             OmegaConf.update(cfg, f"ray_kwargs.ray_init.runtime_env.env_vars.{var}", value, merge=False)

@@ -143,11 +143,12 @@ def bf16_speedup() -> float:
         known = json.loads(path.read_text())
     except (OSError, ValueError):
         known = {}
-    entry = known.get(key) if isinstance(known, dict) else None
+    if not isinstance(known, dict):  # not ours: measured again and replaced
+        known = {}
+    entry = known.get(key)
     if isinstance(entry, dict) and isinstance(entry.get("speedup"), int | float):
         return float(entry["speedup"])
     speedup = round(_measure_speedup(), 3)
-    known = known if isinstance(known, dict) else {}
     known[key] = {"speedup": speedup, "measured": time.strftime("%Y-%m-%dT%H:%M:%S")}
     scratch = path.with_suffix(f".{os.getpid()}.tmp")
     try:
