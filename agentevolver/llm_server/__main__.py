@@ -41,6 +41,9 @@ def _parser() -> argparse.ArgumentParser:
                         help="most sequences decoded together in one batch; more requests wait for the next batch")
     parser.add_argument("--batch-wait-ms", type=float, default=20.0,
                         help="how long the first request of a batch waits for others to join it")
+    parser.add_argument("--turn-cache-mb", type=float, default=1024,
+                        help="MiB of finished replies' keys/values kept so that a conversation's next request "
+                             "prefills only its new tokens (docs/cpu_generator.md, turn cache); 0 turns it off")
     parser.add_argument("--dtype", choices=_DTYPES, default="float32",
                         help="weights dtype; auto: bfloat16 where the CPU has bf16 units, else float32")
     parser.add_argument("--threads", type=int, default=1,
@@ -85,7 +88,7 @@ def main(argv: list[str] | None = None) -> int:
         engine = Engine.load(
             folder, served_name=args.served_model_name or args.model, max_model_len=args.max_model_len,
             max_batch_size=args.max_concurrency, batch_wait_s=args.batch_wait_ms / 1000, dtype=args.dtype,
-            seed=args.seed, chat_template=template,
+            seed=args.seed, chat_template=template, turn_cache_mb=args.turn_cache_mb,
         )
         parser = None if args.tool_call_parser.lower() == "none" else args.tool_call_parser
         app = create_app(engine, api_key_env=args.api_key_env, tool_call_parser=parser)
@@ -112,6 +115,8 @@ def _check_args(args: argparse.Namespace) -> None:
         raise ValueError(f"--max-concurrency must be >= 1; got {args.max_concurrency}")
     if args.batch_wait_ms < 0:
         raise ValueError(f"--batch-wait-ms must be >= 0; got {args.batch_wait_ms}")
+    if args.turn_cache_mb < 0:
+        raise ValueError(f"--turn-cache-mb must be >= 0 (0 turns the turn cache off); got {args.turn_cache_mb}")
     if args.threads < 0:
         raise ValueError(f"--threads must be >= 1, or 0 for torch's default; got {args.threads}")
     if args.shutdown_timeout < 0:

@@ -134,6 +134,7 @@ class Engine:
         dtype: str = "float32",
         seed: int | None = None,
         chat_template: str | None = None,
+        turn_cache_mb: float = 1024,
     ) -> Engine:
         """Load ``model`` (a built-in name or a local HF folder) into a new generator and wrap it.
 
@@ -143,7 +144,8 @@ class Engine:
         from agentevolver.backends.cpu import HFGenerator
 
         generator = HFGenerator.from_pretrained(
-            model, dtype=dtype, max_batch_size=max_batch_size, batch_wait_s=batch_wait_s, seed=seed
+            model, dtype=dtype, max_batch_size=max_batch_size, batch_wait_s=batch_wait_s, seed=seed,
+            turn_cache_mb=turn_cache_mb,
         )
         if chat_template is not None:
             generator.tokenizer.chat_template = chat_template

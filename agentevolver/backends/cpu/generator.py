@@ -36,6 +36,7 @@ from agentevolver.backends.cpu.sampling import (
     TokenConstraint,
     parse_sampling_params,
 )
+from agentevolver.backends.cpu.turn_cache import TurnCache, TurnEntry
 
 logger = logging.getLogger(__name__)
 
@@ -101,6 +102,8 @@ class HFGenerator:
         seed: seeds the generator-wide sampling stream (requests without their own ``seed``).
         default_max_tokens: used when a request's ``sampling_params`` has no ``max_tokens``.
         prefix_cache_entries: shared prompt prefixes kept prefilled (:mod:`.prefix_cache`); 0 turns it off.
+        turn_cache_mb: MiB of finished rows' keys/values kept so that a conversation's next turn prefills only
+            its new tokens (:mod:`.turn_cache`); 0 turns it off.
     """
 
     def __init__(
@@ -114,9 +117,12 @@ class HFGenerator:
         seed: int | None = None,
         default_max_tokens: int | None = None,
         prefix_cache_entries: int = 4,
+        turn_cache_mb: float = 1024,
     ) -> None:
         if max_batch_size < 1:
             raise ValueError(f"max_batch_size must be >= 1; got {max_batch_size}")
+        if turn_cache_mb < 0:
+            raise ValueError(f"turn_cache_mb must be >= 0 (0 turns the turn cache off); got {turn_cache_mb}")
         if batch_wait_s < 0:
             raise ValueError(f"batch_wait_s must be >= 0; got {batch_wait_s}")
         if default_max_tokens is not None and default_max_tokens < 1:
@@ -152,6 +158,7 @@ class HFGenerator:
         self._task: asyncio.Task[None] | None = None
         self._closed = False
         self.prefix_cache = PrefixCache(max_entries=prefix_cache_entries)
+        self.turn_cache = TurnCache(max_bytes=int(turn_cache_mb * 2**20))
         self.stats: dict[str, float] = {
             "requests": 0,  # generate calls accepted
             "batches": 0,  # batched decodes run (each one prefill + decode steps)
@@ -159,6 +166,7 @@ class HFGenerator:
             "max_rows": 0,  # largest batch so far
             "prompt_tokens": 0,
             "prefix_cached_tokens": 0,  # prompt tokens served from the shared-prefix cache (not prefilled)
+            "turn_cached_tokens": 0,  # prompt tokens served from the turn cache (an earlier turn's row)
             "generated_tokens": 0,
             "decode_steps": 0,  # forward passes after prefill
             "failed_batches": 0,
@@ -262,6 +270,7 @@ class HFGenerator:
             for param, tensor in staged:
                 param.copy_(tensor.to(device=param.device, dtype=param.dtype))
             self.prefix_cache.clear()  # cached keys/values belong to the old weights
+            self.turn_cache.clear()
         self.stats["weight_loads"] += 1
         return len(staged)
 
@@ -412,6 +421,22 @@ class HFGenerator:
         with self._model_lock, torch.inference_mode():
             return self._decode_locked(batch, stop)
 
+    def _keep_turn(self, cache: Any, slot: int, row_mask: torch.Tensor, prefix_len: int,
+                   token_ids: list[int]) -> None:
+        """Copy the stopped row at ``slot``'s real keys/values after the shared prefix into the turn cache.
+
+        ``token_ids`` are what the cache holds for the row: its prompt and every generated token but the last
+        (sampled, never fed). ``row_mask`` marks the row's real columns, so padding is left behind.
+        """
+        columns = row_mask[prefix_len:].nonzero().squeeze(-1) + prefix_len
+        if len(columns) != len(token_ids) - prefix_len:  # the layout invariant; never expected to fail
+            logger.warning("HFGenerator: turn cache skipped a row (%d real columns for %d tokens)",
+                           len(columns), len(token_ids) - prefix_len)
+            return
+        layers = [(layer.keys[slot].index_select(1, columns), layer.values[slot].index_select(1, columns))
+                  for layer in cache.layers]
+        self.turn_cache.store(token_ids, prefix_len, layers)
+
     def _decode_locked(self, batch: list[_Request], stop: threading.Event) -> tuple[list[TokenOutput], int]:
         """Prefill the left-padded prompts, then decode one token per live row per step.
 
@@ -431,16 +456,27 @@ class HFGenerator:
         # count real tokens, so each row computes what it would alone.
         cached = self.prefix_cache.lookup([r.prompt_ids for r in batch], self.model)
         prefix_len, cache = cached if cached is not None else (0, DynamicCache(config=self.model.config))
-        width = max(len(r.prompt_ids) for r in batch) - prefix_len
+        # A row continuing a conversation whose earlier turn ran here takes that turn's keys/values; the
+        # batch lays rows out as [prefix | padding | taken part | padding | new tokens] (.turn_cache).
+        taken = [self.turn_cache.take(r.prompt_ids, prefix_len) for r in batch] if self.turn_cache.enabled \
+            else [None] * len(batch)
+        reused = [0 if entry is None else entry.cached_len for entry in taken]
+        middle = max(reused)
+        if middle:
+            _append_taken(cache, taken, middle)
+        start = prefix_len + middle  # the first column of the new tokens
+        width = max(len(r.prompt_ids) - prefix_len - n for r, n in zip(batch, reused, strict=True))
         input_ids = torch.full((len(batch), width), self.pad_token_id, dtype=torch.long, device=self.device)
-        mask = torch.zeros((len(batch), prefix_len + width), dtype=torch.long, device=self.device)
+        mask = torch.zeros((len(batch), start + width), dtype=torch.long, device=self.device)
         mask[:, :prefix_len] = 1
         for row, request in enumerate(batch):
-            rest = request.prompt_ids[prefix_len:]
+            rest = request.prompt_ids[prefix_len + reused[row]:]
+            mask[row, start - reused[row]:start] = 1
             input_ids[row, width - len(rest):] = torch.tensor(rest, dtype=torch.long)
-            mask[row, prefix_len + width - len(rest):] = 1
-        positions = (mask.cumsum(dim=-1) - 1).clamp(min=0)[:, prefix_len:]
+            mask[row, start + width - len(rest):] = 1
+        positions = (mask.cumsum(dim=-1) - 1).clamp(min=0)[:, start:]
         self.stats["prefix_cached_tokens"] += prefix_len * len(batch)
+        self.stats["turn_cached_tokens"] += sum(reused)
         sampler = RowSampler(
             settings, [r.prompt_ids for r in batch], vocab_size=self.vocab_size, shared_rng=self._rng,
             device=self.device, constraints=[r.constraint for r in batch],
@@ -457,6 +493,7 @@ class HFGenerator:
             token_list = tokens.tolist()
             logprob_list = logprobs.tolist() if logprobs is not None else []
             keep: list[int] = []
+            finished: list[int] = []
             for slot, row in enumerate(live):
                 output, request = outputs[row], batch[row]
                 output.token_ids.append(token_list[slot])
@@ -464,12 +501,19 @@ class HFGenerator:
                     output.log_probs.append(logprob_list[slot])
                 if token_list[slot] in output.stop_ids:
                     output.stop_reason = "completed"
+                    finished.append(slot)
                 elif len(output.token_ids) >= request.settings.max_tokens:
                     output.stop_reason = "length"
+                    finished.append(slot)
                 elif stop.is_set() or request.future.done():
                     output.stop_reason = "aborted"
                 else:
                     keep.append(slot)
+            if finished and self.turn_cache.enabled:
+                for slot in finished:
+                    row = live[slot]
+                    self._keep_turn(cache, slot, mask[slot], prefix_len,
+                                    batch[row].prompt_ids + outputs[row].token_ids[:-1])
             if not keep:
                 break
             if len(keep) < len(live):
@@ -493,6 +537,22 @@ class HFGenerator:
             )
             for o, s in zip(outputs, settings, strict=True)
         ], steps
+
+
+def _append_taken(cache: Any, taken: Sequence[TurnEntry | None], width: int) -> None:
+    """Append a ``width``-column section to every layer of ``cache``: each taken entry's keys/values
+    right-aligned in its row, zeros (masked) elsewhere."""
+    sample = next(entry for entry in taken if entry is not None)
+    for index, (keys0, _) in enumerate(sample.layers):
+        heads, _, dim = keys0.shape
+        keys = keys0.new_zeros((len(taken), heads, width, dim))
+        values = keys0.new_zeros((len(taken), heads, width, dim))
+        for row, entry in enumerate(taken):
+            if entry is not None:
+                entry_keys, entry_values = entry.layers[index]
+                keys[row, :, width - entry.cached_len:] = entry_keys
+                values[row, :, width - entry.cached_len:] = entry_values
+        cache.update(keys, values, index)
 
 
 def _eos_token_ids(*sources: Any) -> list[int]:
