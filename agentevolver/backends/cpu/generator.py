@@ -460,12 +460,16 @@ class HFGenerator:
         # batch lays rows out as [prefix | padding | taken part | padding | new tokens] (.turn_cache).
         taken = [self.turn_cache.take(r.prompt_ids, prefix_len) for r in batch] if self.turn_cache.enabled \
             else [None] * len(batch)
-        reused = [0 if entry is None else entry.cached_len for entry in taken]
+        # The new-token block is as wide as the row that needs most; a row with more kept than that uses only
+        # what fills the block, so the batch is never wider than without the cache.
+        width = max(len(r.prompt_ids) - prefix_len - (0 if e is None else e.cached_len)
+                    for r, e in zip(batch, taken, strict=True))
+        reused = [max(0, len(r.prompt_ids) - prefix_len - width) if e is not None else 0
+                  for r, e in zip(batch, taken, strict=True)]
         middle = max(reused)
         if middle:
-            _append_taken(cache, taken, middle)
+            _append_taken(cache, taken, reused, middle)
         start = prefix_len + middle  # the first column of the new tokens
-        width = max(len(r.prompt_ids) - prefix_len - n for r, n in zip(batch, reused, strict=True))
         input_ids = torch.full((len(batch), width), self.pad_token_id, dtype=torch.long, device=self.device)
         mask = torch.zeros((len(batch), start + width), dtype=torch.long, device=self.device)
         mask[:, :prefix_len] = 1
@@ -539,19 +543,19 @@ class HFGenerator:
         ], steps
 
 
-def _append_taken(cache: Any, taken: Sequence[TurnEntry | None], width: int) -> None:
-    """Append a ``width``-column section to every layer of ``cache``: each taken entry's keys/values
-    right-aligned in its row, zeros (masked) elsewhere."""
+def _append_taken(cache: Any, taken: Sequence[TurnEntry | None], reused: Sequence[int], width: int) -> None:
+    """Append a ``width``-column section to every layer of ``cache``: in each row the first ``reused`` of
+    its taken entry's keys/values, right-aligned; zeros (masked) elsewhere."""
     sample = next(entry for entry in taken if entry is not None)
     for index, (keys0, _) in enumerate(sample.layers):
         heads, _, dim = keys0.shape
         keys = keys0.new_zeros((len(taken), heads, width, dim))
         values = keys0.new_zeros((len(taken), heads, width, dim))
-        for row, entry in enumerate(taken):
-            if entry is not None:
+        for row, (entry, count) in enumerate(zip(taken, reused, strict=True)):
+            if entry is not None and count:
                 entry_keys, entry_values = entry.layers[index]
-                keys[row, :, width - entry.cached_len:] = entry_keys
-                values[row, :, width - entry.cached_len:] = entry_values
+                keys[row, :, width - count:] = entry_keys[:, :count]
+                values[row, :, width - count:] = entry_values[:, :count]
         cache.update(keys, values, index)
 
 

@@ -61,7 +61,7 @@ class TurnCache:
         self.min_tokens = min_tokens
         self._entries: OrderedDict[tuple[int, ...], TurnEntry] = OrderedDict()
         self.nbytes = 0
-        self.stats = {"stored": 0, "hits": 0, "reused_tokens": 0, "evicted": 0}
+        self.stats = {"stored": 0, "hits": 0, "taken_tokens": 0, "evicted": 0}
 
     @property
     def enabled(self) -> bool:
@@ -92,7 +92,7 @@ class TurnCache:
         del self._entries[best.token_ids]
         self.nbytes -= best.nbytes
         self.stats["hits"] += 1
-        self.stats["reused_tokens"] += best.cached_len
+        self.stats["taken_tokens"] += best.cached_len
         return best
 
     def store(self, token_ids: Sequence[int], prefix_len: int,
