@@ -25,7 +25,7 @@ from agentevolver.module.exp_manager import (
     plan_rows,
     seeded_rng,
 )
-from agentevolver.module.exp_manager.manager import ExperienceManager, check_settings
+from agentevolver.module.exp_manager.manager import ExperienceManager, check_settings, compare_key, draw_plan
 from agentevolver.module.exp_manager.retriever import ExperienceRetriever, format_experience, task_query
 from agentevolver.module.exp_manager.summarizer import (
     BackgroundSummarizer,
@@ -118,6 +118,26 @@ def _settings(*overrides: str):
 def test_init_only_without_init_is_an_error_naming_the_keys() -> None:
     with pytest.raises(ConfigError, match=r"init_exp_only.*init_exp_before_training"):
         check_settings(*_settings("exp_manager.init_exp_only=true"), "vanilla")
+
+
+def test_the_second_validation_pass_needs_experience_and_another_mode() -> None:
+    with pytest.raises(ConfigError, match=r"val_compare_mode=all but memory\.enable_context_generator is false"):
+        check_settings(*_settings("exp_manager.val_compare_mode=all"), "vanilla")
+    exp, memory = _settings("exp_mode=init_train", "exp_manager.val_compare_mode=all")
+    assert check_settings(exp, memory, "exp_on_off") == []
+    with pytest.raises(ConfigError, match=r"val_compare_mode=woexp is val_rollout_mode's mode"):
+        _settings("exp_mode=init_train", "exp_manager.val_compare_mode=woexp")
+    with pytest.raises(ConfigError, match=r"val_compare_at"):
+        _settings("exp_mode=init_train", "exp_manager.val_compare_mode=all", "exp_manager.val_compare_at=last")
+
+
+def test_the_second_validation_pass_plans_its_own_mode() -> None:
+    exp, _memory = _settings("exp_mode=init_train", "exp_manager.val_compare_mode=all")
+    uids = [u for u in ("a", "b") for _ in range(2)]
+    assert draw_plan(exp, uids, validate=True, step=6).add_experience == [False] * 4  # val_rollout_mode woexp
+    assert draw_plan(exp, uids, validate=True, step=6, rollout_mode="all").add_experience == [True] * 4
+    assert compare_key("val-core/calc/acc/mean@1", "all") == "val-exp_all-core/calc/acc/mean@1"
+    assert compare_key("val-aux/num_turns/min", "all") == "val-exp_all-aux/num_turns/min"
 
 
 def test_presets_pass_the_checks_and_odd_combinations_warn() -> None:

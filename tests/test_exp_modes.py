@@ -163,11 +163,17 @@ def test_exist_train_reads_an_existing_memory_and_leaves_it_alone(env, memory, s
 
 
 def test_exist_train_update_adds_to_the_existing_memory(env, memory, summariser, tmp_path: Path) -> None:
+    """Also: the final validation runs twice on the same weights (exp_manager.val_compare_mode=all), without
+    experience and with it, and both passes are logged under their own names."""
     seed_workspace(memory, "ws-exist-update", tmp_path)
-    train(env, tmp_path, memory.url, "ws-exist-update", "exist_train_update")
+    train(env, tmp_path, memory.url, "ws-exist-update", "exist_train_update", "trainer.test_freq=1",
+          "data.val_max_samples=2", "exp_manager.val_compare_mode=all")
     assert len(summariser.requests) > 0
     metrics = read_metrics(tmp_path / "run" / "metrics.jsonl")[1]
     assert metrics["exp/summary_submitted"] >= 1 and metrics["exp/injected_share"] == 0.5
+    assert metrics["val-aux/lottery/experience/mean@1"] == 0.0  # val_rollout_mode woexp
+    assert metrics["val-exp_all-aux/lottery/experience/mean@1"] == 1.0  # the second pass: every episode
+    assert "val-core/lottery/acc/mean@1" in metrics and "val-exp_all-core/lottery/acc/mean@1" in metrics
     # the step's summaries ran in the background; the trainer waits for them before it exits
     assert len(stored(memory, "ws-exist-update")) > 10
 

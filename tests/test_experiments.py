@@ -199,7 +199,8 @@ def test_report_compares_each_arm_with_its_baseline_seed_by_seed(tmp_path: Path)
             lines = (run.run_dir / "metrics.jsonl").read_text().splitlines()
             lines.append(json.dumps({"step": 1, "exp/success_with_experience": 0.5,
                                      "exp/success_without_experience": 0.25}))
-            lines.append(json.dumps({"step": 2, "val-aux/calc/experience/mean@4": 0.0}))
+            second = {"val-exp_all-core/calc/acc/mean@4": finals["sn"][run.seed] + 0.1} if run.seed < 2 else {}
+            lines.append(json.dumps({"step": 2, "val-aux/calc/experience/mean@4": 0.0, **second}))
             (run.run_dir / "metrics.jsonl").write_text("\n".join(lines) + "\n")
     results = write_report(plan, "python -m agentevolver.experiments ablation --conf x")
     readme = (plan.out / "README.md").read_text()
@@ -208,9 +209,13 @@ def test_report_compares_each_arm_with_its_baseline_seed_by_seed(tmp_path: Path)
     # sq against few (not grpo): 0, +10, -10 -> mean 0, interval +-24.8
     assert "| sq | few | 3 | +0.0 | [-24.8, +24.8] | 0: +0.0, 1: +10.0, 2: -10.0 |" in readme
     assert "| grpo | grpo |" not in readme
-    assert "| sn | 50.0 ± 0.0 | 25.0 ± 0.0 | 0% |" in readme
+    # the second pass on the final weights (val_compare_mode=all) ran on seeds 0 and 1: 60 and 65, +10 each
+    assert ("| sn | 50.0 ± 0.0 | 25.0 ± 0.0 | 53.3 ± 2.9 (0% with experience) | all: 62.5 ± 3.5 (Δ +10.0 ± 0.0, "
+            "2 seeds) |") in readme
     pair = next(a for a in json.loads((plan.out / "summary.json").read_text())["arms"] if a["arm"] == "sn")
     assert pair["validation"]["calc"]["paired"]["baseline"] == "grpo"
+    sn_runs = [r for r in json.loads((plan.out / "summary.json").read_text())["runs"] if r["arm"] == "sn"]
+    assert [r["compared_after"] for r in sn_runs] == [{"all": {"calc": 0.6}}, {"all": {"calc": 0.65}}, {}]
     assert [r.status for r in results] == ["done"] * 12
     with pytest.raises(ConfigError, match="baseline: no arm 'nope'"):
         load_spec(write_ablation(tmp_path, {"baseline": "nope", "arms": {"a": {}}}))

@@ -119,6 +119,8 @@ class ExpManagerSection(_Section):
 
     train_rollout_mode: RolloutMode
     val_rollout_mode: RolloutMode
+    val_compare_mode: RolloutMode | None
+    val_compare_at: Literal["final", "every"]
     rollout_ratio: float = Field(ge=0.0, le=1.0)
     train_sample_mode: Literal["allkeep", "alldiscard", "hybrid"]
     train_sample_keepratio: float = Field(ge=0.0, le=1.0)
@@ -130,6 +132,14 @@ class ExpManagerSection(_Section):
     init_exp_only: bool
     summary_batch_size: int = Field(ge=1)
     seed: int
+
+    @model_validator(mode="after")
+    def _compare_differs(self) -> ExpManagerSection:
+        if self.val_compare_mode is not None and self.val_compare_mode == self.val_rollout_mode:
+            raise ValueError(f"exp_manager.val_compare_mode={self.val_compare_mode} is val_rollout_mode's mode: the "
+                             "second validation would repeat the first; set another mode (e.g. all when validation "
+                             "runs woexp) or null to validate once")
+        return self
 
     @model_validator(mode="after")
     def _template_has_slot(self) -> ExpManagerSection:

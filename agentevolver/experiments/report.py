@@ -46,6 +46,8 @@ class RunResult:
     success_with_experience: float | None = None
     success_without_experience: float | None = None
     validation_experience: dict[str, float] = field(default_factory=dict)
+    #: The final step's second validation pass (``exp_manager.val_compare_mode``): mode -> env -> avg@k.
+    compared: dict[str, dict[str, float]] = field(default_factory=dict)
 
     def before(self, env: str) -> float | None:
         return self.avg.get(env, {}).get(0)
@@ -116,7 +118,8 @@ def collect(plan: AblationPlan) -> list[RunResult]:
                                  wall_s=state.wall_s(), k=k, avg=avg, best=best,
                                  success_with_experience=_step_mean(metrics, "exp/success_with_experience"),
                                  success_without_experience=_step_mean(metrics, "exp/success_without_experience"),
-                                 validation_experience=_final_experience(metrics, run.total_steps)))
+                                 validation_experience=_final_experience(metrics, run.total_steps),
+                                 compared=_final_compared(metrics, run.total_steps)))
     return results
 
 
@@ -132,6 +135,26 @@ def _final_experience(metrics: dict[int, dict[str, float | None]], final: int | 
     line = metrics.get(final, {}) if final is not None else {}
     return {m["env"]: value for key, value in line.items()
             if value is not None and (m := _VAL_EXPERIENCE.match(key))}
+
+
+#: The second validation pass's avg@k (agentevolver.module.exp_manager.manager.compare_key's names).
+_COMPARED = re.compile(r"^val-exp_(?P<mode>[a-z]+)-core/(?P<env>.+)/(?P<var>[^/]+)/mean@\d+$")
+
+
+def _final_compared(metrics: dict[int, dict[str, float | None]], final: int | None) -> dict[str, dict[str, float]]:
+    """mode -> env -> the final step's avg@k of the ``val_compare_mode`` pass (``acc`` preferred over
+    ``reward``, as for the regular pass); {} when the run had none."""
+    line = metrics.get(final, {}) if final is not None else {}
+    found: dict[tuple[str, str], dict[str, float]] = {}
+    for key, value in line.items():
+        if value is not None and (m := _COMPARED.match(key)):
+            found.setdefault((m["mode"], m["env"]), {})[m["var"]] = value
+    out: dict[str, dict[str, float]] = {}
+    for (mode, env), by_var in sorted(found.items()):
+        var = "acc" if "acc" in by_var else "reward" if "reward" in by_var else None
+        if var is not None:
+            out.setdefault(mode, {})[env] = by_var[var]
+    return out
 
 
 @dataclass
@@ -189,8 +212,10 @@ def paired_rows(plan: AblationPlan, results: list[RunResult], env: str) -> list[
 
 def experience_rows(plan: AblationPlan, results: list[RunResult], env: str) -> list[list[str]]:
     """Per arm whose runs logged them: training success with and without experience in the same groups
-    (``exp/success_with_experience`` / ``without``, mean over steps and seeds) and the share of final
-    validation episodes that ran with experience."""
+    (``exp/success_with_experience`` / ``without``, mean over steps and seeds), the final validation (avg@k,
+    mean ± std over seeds) with the share of its episodes that ran with experience, and the final step's
+    second pass with another experience mode (``exp_manager.val_compare_mode``) over the seeds that ran one,
+    with its paired difference from the first pass."""
     rows = []
     for summary in summarize(plan, results):
         runs = summary.done
@@ -199,8 +224,17 @@ def experience_rows(plan: AblationPlan, results: list[RunResult], env: str) -> l
         validation = [r.validation_experience[env] for r in runs if env in r.validation_experience]
         if not with_ and not without:
             continue
-        rows.append([summary.arm, _mean_sd(with_), _mean_sd(without),
-                     "—" if not validation else f"{100 * statistics.fmean(validation):.0f}%"])
+        after = summary.values(env, "after")
+        share = "" if not validation else f" ({100 * statistics.fmean(validation):.0f}% with experience)"
+        second = []
+        for mode in sorted({mode for r in runs for mode in r.compared}):
+            pairs = [(r.compared[mode][env], r.after(env)) for r in runs
+                     if env in r.compared.get(mode, {}) and r.after(env) is not None]
+            values = [value for value, _ in pairs]
+            diffs = [value - first for value, first in pairs]  # type: ignore[operator]
+            second.append(f"{mode}: {_mean_sd(values)} (Δ {_mean_sd(diffs, signed=True)}, {len(pairs)} seeds)")
+        rows.append([summary.arm, _mean_sd(with_), _mean_sd(without), _mean_sd(after) + share,
+                     "; ".join(second) or "—"])
     return rows
 
 
@@ -312,10 +346,12 @@ def render_markdown(plan: AblationPlan, results: list[RunResult], command_line: 
         if experience:
             lines += ["### Self-Navigating: with and without experience", "",
                       "Training success of the episodes that had experience and of those that had none, in the "
-                      "same groups (mean over steps, ± std over seeds), and the share of the final validation's "
-                      "episodes that ran with experience.", ""]
-            lines += _table(["arm", "training success with experience", "without", "validation with experience"],
-                            experience)
+                      "same groups (mean over steps, ± std over seeds); the final validation, with the share of "
+                      "its episodes that ran with experience; and the second validation pass on the same final "
+                      "weights with another experience mode (`exp_manager.val_compare_mode`, e.g. all = every "
+                      "episode with experience), with Δ = second pass - first per seed.", ""]
+            lines += _table(["arm", "training success with experience", "without", f"validation avg@{k} after",
+                             "second pass after"], experience)
             lines.append("")
     lines += ["![validation curves](curves.png)", "", "## Runs", ""]
     run_rows = []
@@ -431,7 +467,8 @@ def summary_json(plan: AblationPlan, results: list[RunResult]) -> dict[str, Any]
                      "roles": summary.roles, "wall_s": summary.wall(), "validation": per_env})
     runs = [{**r.run.to_json(), "status": r.status, "attempts": r.attempts, "wall_s": r.wall_s, "k": r.k,
              "avg": {env: {str(s): v for s, v in c.items()} for env, c in r.avg.items()},
-             "best": {env: {str(s): v for s, v in c.items()} for env, c in r.best.items()}} for r in results]
+             "best": {env: {str(s): v for s, v in c.items()} for env, c in r.best.items()},
+             "compared_after": r.compared} for r in results]
     return {"name": plan.spec.name, "updated": now(), "arms": arms, "runs": runs,
             "budget_differences": plan.budget_differences()}
 

@@ -35,12 +35,13 @@ import numpy as np
 
 from agentevolver.client.http import ServiceClientError
 from agentevolver.client.memory_client import MemoryClient, MemoryClientSettings
-from agentevolver.config.schema import ExpManagerSection, MemorySection
+from agentevolver.config.schema import ExpManagerSection, MemorySection, RolloutMode
 from agentevolver.errors import ConfigError
 from agentevolver.module.exp_manager.allocation import ExperiencePlan, plan_rows, seeded_rng
 from agentevolver.module.exp_manager.summarizer import BackgroundSummarizer, trajectories_from_records
 
-__all__ = ["ADD_COLUMN", "PLAN_COLUMNS", "TRAIN_MODE_COLUMN", "ExperienceManager", "check_settings", "draw_plan"]
+__all__ = ["ADD_COLUMN", "PLAN_COLUMNS", "TRAIN_MODE_COLUMN", "ExperienceManager", "check_settings", "compare_key",
+           "draw_plan"]
 
 logger = logging.getLogger(__name__)
 
@@ -51,6 +52,15 @@ TRAIN_MODE_COLUMN = "train_mode"
 PLAN_COLUMNS = (ADD_COLUMN, TRAIN_MODE_COLUMN)
 
 
+def compare_key(key: str, mode: str) -> str:
+    """The name a metric of ``val_compare_mode``'s second validation pass is logged under: verl's ``val-core/...``
+    and ``val-aux/...`` become ``val-exp_<mode>-core/...`` and ``val-exp_<mode>-aux/...`` (other keys get the
+    prefix whole), so the regular pass's keys, which reports and curves read, keep their meaning."""
+    if key.startswith("val-"):
+        return f"val-exp_{mode}-{key[len('val-'):]}"
+    return f"val-exp_{mode}/{key}"
+
+
 def check_settings(exp: ExpManagerSection, memory: MemorySection, loss_mode: str) -> list[str]:
     """Raise for switch combinations that cannot work; return warnings for ones that likely do not do what
     the user wants."""
@@ -58,6 +68,10 @@ def check_settings(exp: ExpManagerSection, memory: MemorySection, loss_mode: str
         raise ConfigError("exp_manager.init_exp_only is true but exp_manager.init_exp_before_training is false: "
                           "there would be nothing to do; set init_exp_before_training=true (or use "
                           "exp_mode=init_only)")
+    if exp.val_compare_mode is not None and not memory.enable_context_generator:
+        raise ConfigError(f"exp_manager.val_compare_mode={exp.val_compare_mode} but memory.enable_context_generator "
+                          "is false: no experience is retrieved, so the second validation would equal the first; "
+                          "turn the context generator on (e.g. exp_mode=exist_train) or set val_compare_mode=null")
     warnings = []
     if memory.updated_freq > 0 and not memory.enable_summarizer:
         warnings.append(f"memory.updated_freq={memory.updated_freq} but memory.enable_summarizer is false: the "
@@ -77,12 +91,15 @@ def check_settings(exp: ExpManagerSection, memory: MemorySection, loss_mode: str
     return warnings
 
 
-def draw_plan(exp: ExpManagerSection, uids: list[str], *, validate: bool, step: int) -> ExperiencePlan:
+def draw_plan(exp: ExpManagerSection, uids: list[str], *, validate: bool, step: int,
+              rollout_mode: RolloutMode | None = None) -> ExperiencePlan:
     """The experience plan of one batch of rows grouped by ``uids``: training draws from the train modes,
-    validation (and rollout-only jobs) from ``val_rollout_mode`` and never strips (nothing is trained)."""
+    validation (and rollout-only jobs) from ``val_rollout_mode`` (or ``rollout_mode``: the second pass of
+    ``val_compare_mode``) and never strips (nothing is trained)."""
+    default_mode = exp.val_rollout_mode if validate else exp.train_rollout_mode
     return plan_rows(
         uids,
-        rollout_mode=exp.val_rollout_mode if validate else exp.train_rollout_mode,
+        rollout_mode=rollout_mode or default_mode,
         rollout_ratio=exp.rollout_ratio,
         sample_mode="allkeep" if validate else exp.train_sample_mode,
         keep_ratio=exp.train_sample_keepratio,
@@ -160,14 +177,16 @@ class ExperienceManager:
         logger.info("Self-Navigating: workspace %r holds %d experiences", self.workspace_id, count)
 
     # ------------------------------------------------------------------ per batch
-    def plan(self, batch: Any, *, validate: bool, step: int) -> dict[str, float]:
-        """Write the experience plan into ``batch``'s rows (a verl ``DataProto`` repeated ``n`` per task)."""
+    def plan(self, batch: Any, *, validate: bool, step: int,
+             rollout_mode: RolloutMode | None = None) -> dict[str, float]:
+        """Write the experience plan into ``batch``'s rows (a verl ``DataProto`` repeated ``n`` per task);
+        ``rollout_mode`` overrides the configured mode (the second validation pass of ``val_compare_mode``)."""
         if not self.memory.enable_context_generator:
             return {}
         uids = batch.non_tensor_batch.get("uid")
         if uids is None:
             uids = np.array([str(i) for i in range(len(batch))], dtype=object)
-        plan = draw_plan(self.exp, list(uids), validate=validate, step=step)
+        plan = draw_plan(self.exp, list(uids), validate=validate, step=step, rollout_mode=rollout_mode)
         batch.non_tensor_batch[ADD_COLUMN] = np.array(plan.add_experience, dtype=object)
         batch.non_tensor_batch[TRAIN_MODE_COLUMN] = np.array(plan.train_mode, dtype=object)
         return {"exp/planned_share": plan.guided / max(len(uids), 1)}

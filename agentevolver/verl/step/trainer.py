@@ -32,7 +32,8 @@ where verl has a name for the same work, it is verl's, so verl's per-token timin
     :meth:`AgentEvolverTrainer.init_workers`)
 12. ``*`` ``memory_summary`` (Self-Navigating): every ``memory.updated_freq`` steps the episodes are
     summarised into the memory service, in the background
-13. ``save_checkpoint``, ``update_weights`` (to the rollout servers), ``testing`` (validation), metrics
+13. ``save_checkpoint``, ``update_weights`` (to the rollout servers), ``testing`` (validation, and a second
+    pass with another experience mode where ``exp_manager.val_compare_mode`` asks), metrics
 
 :attr:`AgentEvolverTrainer.STAGES` is this list, in order; :meth:`AgentEvolverTrainer.fit` is the loop around
 it (resume, the initial memory, validation before training, the progress bar, logging).
@@ -55,11 +56,12 @@ from verl import DataProto
 from verl.trainer.ppo.ray_trainer import RayPPOTrainer
 
 from agentevolver.config import validate_config
+from agentevolver.config.schema import RolloutMode
 from agentevolver.errors import ConfigError
 from agentevolver.finished_run import already_trained_message
 from agentevolver.module.adv_processor import AdcaStage
 from agentevolver.module.agent_flow.dump import RolloutDumpWriter
-from agentevolver.module.exp_manager.manager import ExperienceManager
+from agentevolver.module.exp_manager.manager import ExperienceManager, compare_key
 from agentevolver.verl.shared_prefix.checks import check_shared_prompts
 from agentevolver.verl.shared_prefix.layout import SWITCH as SHARED_PROMPTS
 from agentevolver.verl.step.advantage import episode_advantages
@@ -118,6 +120,8 @@ class AgentEvolverTrainer(RayPPOTrainer):
         exp = ExperienceManager.from_config(self.config, self.settings)
         self._exp: ExperienceManager | None = exp if exp.active else None
         self._timings: dict[str, float] = {}
+        #: The experience mode of the validation pass running now, when it is val_compare_mode's second one.
+        self._val_mode: RolloutMode | None = None
 
     @contextmanager
     def _stage(self, name: str) -> Iterator[None]:
@@ -151,8 +155,25 @@ class AgentEvolverTrainer(RayPPOTrainer):
         the experience plan of validation rows is drawn on them (verl seam, :mod:`agentevolver.verl.patches`)."""
         rows = super()._get_gen_batch(batch)
         if self._exp is not None:
-            self._exp.plan(rows, validate=True, step=self.global_steps)
+            self._exp.plan(rows, validate=True, step=self.global_steps, rollout_mode=self._val_mode)
         return rows
+
+    def _validations(self, *, final: bool) -> dict[str, float]:
+        """verl's validation, then, where ``exp_manager.val_compare_mode`` asks for it (at the final step, or at
+        every validation), the same tasks again on the same weights with that experience mode; the second pass's
+        metrics are renamed ``val-exp_<mode>-core/...`` / ``val-exp_<mode>-aux/...``, so one run reports
+        validation with and without experience side by side."""
+        metrics = self._validate()
+        exp = self._exp.exp if self._exp is not None else None
+        if exp is None or exp.val_compare_mode is None or not (final or exp.val_compare_at == "every"):
+            return metrics
+        self._val_mode = exp.val_compare_mode
+        try:
+            compared = self._validate()
+        finally:
+            self._val_mode = None
+        metrics.update({compare_key(key, exp.val_compare_mode): value for key, value in compared.items()})
+        return metrics
 
     # ------------------------------------------------------------------ the loop
     def fit(self) -> None:
@@ -184,7 +205,7 @@ class AgentEvolverTrainer(RayPPOTrainer):
                 self._exp.initial_summary(initial_rollouts(self, self._exp.exp.init_exp_max_tasks))
             SkipManager.init(self.config)
             if self.config.trainer.get("val_before_train", True):
-                val_metrics = self._validate()
+                val_metrics = self._validations(final=self.total_training_steps == 0)
                 tracking.log(data=val_metrics, step=self.global_steps)
                 if self.config.trainer.get("val_only", False):
                     finished = True
@@ -310,7 +331,7 @@ class AgentEvolverTrainer(RayPPOTrainer):
             self.checkpoint_manager.update_weights(step)
         with self._stage("testing"):
             if config.trainer.test_freq > 0 and (step >= self.total_training_steps or step % config.trainer.test_freq == 0):
-                metrics.update(self._validate())
+                metrics.update(self._validations(final=step >= self.total_training_steps))
         self._timings["step"] = time.perf_counter() - started
         self.max_steps_duration = max(getattr(self, "max_steps_duration", 0.0), self._timings["step"])
 
