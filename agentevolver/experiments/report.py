@@ -232,7 +232,7 @@ def experience_rows(plan: AblationPlan, results: list[RunResult], env: str) -> l
                      if env in r.compared.get(mode, {}) and r.after(env) is not None]
             values = [value for value, _ in pairs]
             diffs = [value - first for value, first in pairs]  # type: ignore[operator]
-            second.append(f"{mode}: {_mean_sd(values)} (Δ {_mean_sd(diffs, signed=True)}, {len(pairs)} seeds)")
+            second.append(f"{mode}: {_mean_sd(values)} (Δ {_mean_sd(diffs, signed=True)}, {len(pairs)} seed{'' if len(pairs) == 1 else 's'})")
         rows.append([summary.arm, _mean_sd(with_), _mean_sd(without), _mean_sd(after) + share,
                      "; ".join(second) or "—"])
     return rows
