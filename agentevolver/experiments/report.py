@@ -18,16 +18,27 @@ import statistics
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args
 
+from agentevolver.config.schema import RolloutMode
 from agentevolver.experiments.plan import AblationPlan, RunPlan
 from agentevolver.experiments.state import RunState, now, read_metrics_file
+from agentevolver.module.exp_manager.manager import compare_key
 
 __all__ = ["ArmSummary", "PairedDifference", "RunResult", "arm_rows", "collect", "environments", "experience_rows",
            "k_label", "paired_differences", "summarize", "write_report"]
 
-_MEAN = re.compile(r"^val-core/(?P<env>.+)/(?P<var>[^/]+)/mean@(?P<k>\d+)$")
-_BEST = re.compile(r"^val-core/(?P<env>.+)/(?P<var>[^/]+)/best@(?P<k>\d+)/mean$")
+#: verl's validation metrics: ``<core>/<env>/<var>/mean@k`` and ``<core>/<env>/<var>/best@k/mean``, where core is
+#: ``val-core`` for the regular pass (and ``val-exp_<mode>-core`` for val_compare_mode's second one).
+_CORE = "val-core"
+
+
+def _mean_pattern(core: str) -> re.Pattern[str]:
+    return re.compile(rf"^{re.escape(core)}/(?P<env>.+)/(?P<var>[^/]+)/mean@(?P<k>\d+)$")
+
+
+def _best_pattern(core: str) -> re.Pattern[str]:
+    return re.compile(rf"^{re.escape(core)}/(?P<env>.+)/(?P<var>[^/]+)/best@(?P<k>\d+)/mean$")
 
 
 @dataclass
@@ -81,9 +92,10 @@ def _delta(result: RunResult, env: str) -> float | None:
     return None if before is None or after is None else after - before
 
 
-def _curves(metrics: dict[int, dict[str, float | None]]) -> tuple[int | None, dict, dict]:
-    """(k, env -> step -> avg@k, env -> step -> best@k) from a run's metrics; ``acc`` preferred over
-    ``reward`` (verl's own choice of the core variable). best@1 is avg@1."""
+def _curves(metrics: dict[int, dict[str, float | None]], core: str = _CORE) -> tuple[int | None, dict, dict]:
+    """(k, env -> step -> avg@k, env -> step -> best@k) from a run's metrics under ``core``; ``acc`` preferred
+    over ``reward`` (verl's own choice of the core variable). best@1 is avg@1."""
+    mean_key, best_key = _mean_pattern(core), _best_pattern(core)
     avg: dict[tuple[str, str], dict[int, float]] = {}
     best: dict[tuple[str, str], dict[int, float]] = {}
     k_seen: set[int] = set()
@@ -91,10 +103,10 @@ def _curves(metrics: dict[int, dict[str, float | None]]) -> tuple[int | None, di
         for key, value in line.items():
             if value is None:
                 continue
-            if m := _MEAN.match(key):
+            if m := mean_key.match(key):
                 avg.setdefault((m["env"], m["var"]), {})[step] = value
                 k_seen.add(int(m["k"]))
-            elif m := _BEST.match(key):
+            elif m := best_key.match(key):
                 best.setdefault((m["env"], m["var"]), {})[step] = value
     envs = sorted({env for env, _var in avg})
     out_avg: dict[str, dict[int, float]] = {}
@@ -137,23 +149,15 @@ def _final_experience(metrics: dict[int, dict[str, float | None]], final: int | 
             if value is not None and (m := _VAL_EXPERIENCE.match(key))}
 
 
-#: The second validation pass's avg@k (agentevolver.module.exp_manager.manager.compare_key's names).
-_COMPARED = re.compile(r"^val-exp_(?P<mode>[a-z]+)-core/(?P<env>.+)/(?P<var>[^/]+)/mean@\d+$")
-
-
 def _final_compared(metrics: dict[int, dict[str, float | None]], final: int | None) -> dict[str, dict[str, float]]:
-    """mode -> env -> the final step's avg@k of the ``val_compare_mode`` pass (``acc`` preferred over
-    ``reward``, as for the regular pass); {} when the run had none."""
-    line = metrics.get(final, {}) if final is not None else {}
-    found: dict[tuple[str, str], dict[str, float]] = {}
-    for key, value in line.items():
-        if value is not None and (m := _COMPARED.match(key)):
-            found.setdefault((m["mode"], m["env"]), {})[m["var"]] = value
+    """mode -> env -> the final step's avg@k of the ``val_compare_mode`` pass, read as the regular pass is
+    (:func:`_curves` under the pass's own names, :func:`compare_key`); {} when the run had none."""
     out: dict[str, dict[str, float]] = {}
-    for (mode, env), by_var in sorted(found.items()):
-        var = "acc" if "acc" in by_var else "reward" if "reward" in by_var else None
-        if var is not None:
-            out.setdefault(mode, {})[env] = by_var[var]
+    for mode in get_args(RolloutMode):
+        _k, avg, _best = _curves(metrics, compare_key(_CORE, mode))
+        finals = {env: curve[final] for env, curve in avg.items() if final in curve}
+        if finals:
+            out[mode] = finals
     return out
 
 
@@ -232,7 +236,8 @@ def experience_rows(plan: AblationPlan, results: list[RunResult], env: str) -> l
                      if env in r.compared.get(mode, {}) and r.after(env) is not None]
             values = [value for value, _ in pairs]
             diffs = [value - first for value, first in pairs]  # type: ignore[operator]
-            second.append(f"{mode}: {_mean_sd(values)} (Δ {_mean_sd(diffs, signed=True)}, {len(pairs)} seed{'' if len(pairs) == 1 else 's'})")
+            seeds = f"{len(pairs)} seed" + ("" if len(pairs) == 1 else "s")
+            second.append(f"{mode}: {_mean_sd(values)} (Δ {_mean_sd(diffs, signed=True)}, {seeds})")
         rows.append([summary.arm, _mean_sd(with_), _mean_sd(without), _mean_sd(after) + share,
                      "; ".join(second) or "—"])
     return rows
