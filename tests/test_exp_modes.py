@@ -166,14 +166,20 @@ def test_exist_train_update_adds_to_the_existing_memory(env, memory, summariser,
     """Also: the final validation runs twice on the same weights (exp_manager.val_compare_mode=all), without
     experience and with it, and both passes are logged under their own names."""
     seed_workspace(memory, "ws-exist-update", tmp_path)
+    dumps_dir = tmp_path / "val_dumps"
     train(env, tmp_path, memory.url, "ws-exist-update", "exist_train_update", "trainer.test_freq=1",
-          "data.val_max_samples=2", "exp_manager.val_compare_mode=all")
+          "data.val_max_samples=2", "exp_manager.val_compare_mode=all", f"trainer.validation_data_dir={dumps_dir}")
     assert len(summariser.requests) > 0
     metrics = read_metrics(tmp_path / "run" / "metrics.jsonl")[1]
     assert metrics["exp/summary_submitted"] >= 1 and metrics["exp/injected_share"] == 0.5
     assert metrics["val-aux/lottery/experience/mean@1"] == 0.0  # val_rollout_mode woexp
     assert metrics["val-exp_all-aux/lottery/experience/mean@1"] == 1.0  # the second pass: every episode
     assert "val-core/lottery/acc/mean@1" in metrics and "val-exp_all-core/lottery/acc/mean@1" in metrics
+    # verl's generation dumps of the two passes, one file each (the second pass's in its own folder)
+    first, second = (dumps_dir / "1.jsonl").read_text(), (dumps_dir / "exp_all" / "1.jsonl").read_text()
+    assert len(first.splitlines()) == len(second.splitlines()) == 2
+    assert all(json.loads(line)["experience"] == 0.0 for line in first.splitlines())
+    assert all(json.loads(line)["experience"] == 1.0 for line in second.splitlines())
     # the step's summaries ran in the background; the trainer waits for them before it exits
     assert len(stored(memory, "ws-exist-update")) > 10
 

@@ -42,6 +42,7 @@ it (resume, the initial memory, validation before training, the progress bar, lo
 from __future__ import annotations
 
 import logging
+import os
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -50,7 +51,7 @@ from typing import Any
 
 import numpy as np
 import torch
-from omegaconf import OmegaConf
+from omegaconf import OmegaConf, open_dict
 from tqdm import tqdm
 from verl import DataProto
 from verl.trainer.ppo.ray_trainer import RayPPOTrainer
@@ -167,13 +168,28 @@ class AgentEvolverTrainer(RayPPOTrainer):
         exp = self._exp.exp if self._exp is not None else None
         if exp is None or exp.val_compare_mode is None or not (final or exp.val_compare_at == "every"):
             return metrics
-        self._val_mode = exp.val_compare_mode
-        try:
+        with self._second_validation(exp.val_compare_mode):
             compared = self._validate()
-        finally:
-            self._val_mode = None
         metrics.update({compare_key(key, exp.val_compare_mode): value for key, value in compared.items()})
         return metrics
+
+    @contextmanager
+    def _second_validation(self, mode: RolloutMode) -> Iterator[None]:
+        """While the second pass runs: its rows are planned in ``mode``, and verl's generation dump
+        (``trainer.validation_data_dir``, ``<step>.jsonl``, opened for writing) goes to ``<dir>/exp_<mode>``, so
+        it does not overwrite the first pass's."""
+        dump_dir = self.config.trainer.get("validation_data_dir", None)
+        self._val_mode = mode
+        if dump_dir:
+            with open_dict(self.config):
+                self.config.trainer.validation_data_dir = os.path.join(str(dump_dir), f"exp_{mode}")
+        try:
+            yield
+        finally:
+            self._val_mode = None
+            if dump_dir:
+                with open_dict(self.config):
+                    self.config.trainer.validation_data_dir = dump_dir
 
     # ------------------------------------------------------------------ the loop
     def fit(self) -> None:
