@@ -151,3 +151,8 @@ def test_synthetic_tasks_are_trained_on_and_graded_by_the_llm_grader(service: st
         "Win round 0", "Win round 0", "Win round 1", "Win round 1"]  # the synthetic query replaced the seed's
     assert len(scripted_llm.requests) == 4  # one grading request per synthetic episode, none for the originals
     assert all(r["reward"]["description"].startswith("environment score") for r in records if r not in graded)
+    # the mixture's size is logged once, with the first step (no generation ran: no funnel)
+    steps = read_metrics(tmp_path / "run" / "metrics.jsonl")
+    assert {k: v for k, v in steps[1].items() if k.startswith("tasks/")} == {"tasks/train": 4.0,
+                                                                             "tasks/train_synthetic": 2.0}
+    assert not any(k.startswith("tasks/") for k in steps[2])

@@ -144,6 +144,12 @@ def test_generation_masks_the_query_retries_bad_json_and_drops_duplicates(
     rates = report.rates()
     assert rates["parse_rate"] == pytest.approx(6 / 7) and rates["duplicate_rate"] == pytest.approx(9 / 18)
     assert rates["feasibility_rate"] == pytest.approx(7 / 9)
+    # the same funnel as tasks/* metrics (the trainer logs them, the ablation report reads them)
+    assert report.metrics() == {
+        "tasks/explorations": 6.0, "tasks/explorations_failed": 0.0, "tasks/proposed": 18.0, "tasks/written": 7.0,
+        "tasks/rejected": 11.0 + c["summary_rejected_items"], "tasks/rejected/exact_duplicate": 3.0,
+        "tasks/rejected/near_duplicate": 6.0, "tasks/rejected/post_filter": 2.0,
+        **({"tasks/rejected/malformed": float(c["summary_rejected_items"])} if c["summary_rejected_items"] else {})}
 
     written = read_objectives(tmp_path / "tasks.jsonl")
     assert written == report.objectives and len(written) == c["tasks_written"] == 7

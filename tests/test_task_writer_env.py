@@ -362,7 +362,12 @@ def test_the_hard_presets_few_seeds_give_the_sq_arm_synthetic_tasks(
                   options=("--config-name", config_name))
     assert result.returncode == 0, result.stderr + result.stdout
     written = read_objectives(tmp_path / "tasks.jsonl")
-    counts = json.loads((tmp_path / "summary.json").read_text())["counts"]
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    counts, metrics = summary["counts"], summary["metrics"]
+    assert metrics["tasks/written"] == len(written)
+    # every explorer call the writer saw is a task written or a rejection with its reason
+    assert metrics["tasks/rejected"] == sum(v for k, v in metrics.items() if k.startswith("tasks/rejected/"))
+    assert counts["env_calls_seen"] == metrics["tasks/written"] + metrics["tasks/rejected"], (counts, metrics)
     if expect_tasks:
         assert len(written) >= 3, counts
         assert all(o.task.evaluator == "reference" for o in written)

@@ -59,6 +59,9 @@ class RunResult:
     validation_experience: dict[str, float] = field(default_factory=dict)
     #: The final step's second validation pass (``exp_manager.val_compare_mode``): mode -> env -> avg@k.
     compared: dict[str, dict[str, float]] = field(default_factory=dict)
+    #: The training dataset's ``tasks/*`` metrics as last logged (the mixture's size; Self-Questioning's
+    #: generation funnel: written, rejected by reason); {} when the run logged none.
+    tasks: dict[str, float] = field(default_factory=dict)
 
     def before(self, env: str) -> float | None:
         return self.avg.get(env, {}).get(0)
@@ -131,8 +134,18 @@ def collect(plan: AblationPlan) -> list[RunResult]:
                                  success_with_experience=_step_mean(metrics, "exp/success_with_experience"),
                                  success_without_experience=_step_mean(metrics, "exp/success_without_experience"),
                                  validation_experience=_final_experience(metrics, run.total_steps),
-                                 compared=_final_compared(metrics, run.total_steps)))
+                                 compared=_final_compared(metrics, run.total_steps),
+                                 tasks=_last_logged(metrics, "tasks/")))
     return results
+
+
+def _last_logged(metrics: dict[int, dict[str, float | None]], prefix: str) -> dict[str, float]:
+    """The keys under ``prefix`` from the last step that logged any (a resumed run logs them again)."""
+    for _step, line in sorted(metrics.items(), reverse=True):
+        found = {key: value for key, value in line.items() if key.startswith(prefix) and value is not None}
+        if found:
+            return found  # type: ignore[return-value]
+    return {}
 
 
 def _step_mean(metrics: dict[int, dict[str, float | None]], key: str) -> float | None:
@@ -240,6 +253,28 @@ def experience_rows(plan: AblationPlan, results: list[RunResult], env: str) -> l
             second.append(f"{mode}: {_mean_sd(values)} (Δ {_mean_sd(diffs, signed=True)}, {seeds})")
         rows.append([summary.arm, _mean_sd(with_), _mean_sd(without), _mean_sd(after) + share,
                      "; ".join(second) or "—"])
+    return rows
+
+
+def synthetic_rows(results: list[RunResult]) -> list[list[str]]:
+    """Per run whose task generation ran (``tasks/written`` logged): explorations, tasks proposed and written,
+    the synthetic share of the training mixture, and every candidate rejected on the way, by reason
+    (:meth:`~agentevolver.module.task_manager.manager.GenerationReport.metrics`)."""
+    rows = []
+    for r in results:
+        tasks = r.tasks
+        if "tasks/written" not in tasks:
+            continue
+        reasons = {key.removeprefix("tasks/rejected/"): value for key, value in tasks.items()
+                   if key.startswith("tasks/rejected/")}
+        failed = tasks.get("tasks/explorations_failed", 0)
+        rows.append([r.run.arm, str(r.run.seed),
+                     f"{tasks.get('tasks/explorations', 0):.0f}" + (f" ({failed:.0f} failed)" if failed else ""),
+                     f"{tasks.get('tasks/proposed', 0):.0f}", f"{tasks['tasks/written']:.0f}",
+                     f"{tasks.get('tasks/train_synthetic', 0):.0f} of {tasks.get('tasks/train', 0):.0f}",
+                     f"{tasks.get('tasks/rejected', 0):.0f}",
+                     ", ".join(f"{reason} {n:.0f}" for reason, n in sorted(reasons.items(), key=lambda kv: -kv[1]))
+                     or "—"])
     return rows
 
 
@@ -358,6 +393,17 @@ def render_markdown(plan: AblationPlan, results: list[RunResult], command_line: 
             lines += _table(["arm", "training success with experience", "without", f"validation avg@{k} after",
                              "second pass after"], experience)
             lines.append("")
+    synthetic = synthetic_rows(results)
+    if synthetic:
+        lines += ["## Self-Questioning: synthetic tasks per run", "",
+                  "Explorations run before training; tasks proposed (after the writer's own checks, e.g. the "
+                  "environment's proof of each answer) and written (after the duplicate and post filters); the "
+                  "synthetic tasks in the training mixture; and every candidate dropped on the way, by reason "
+                  "(env_*: explorer tool calls the environment writer rendered no task from; answer_*: unproved "
+                  "answers; *_duplicate; post_filter; malformed summary items).", ""]
+        lines += _table(["arm", "seed", "explorations", "proposed", "written", "synthetic in training",
+                         "rejected", "rejected by reason"], synthetic)
+        lines.append("")
     lines += ["![validation curves](curves.png)", "", "## Runs", ""]
     run_rows = []
     for r in results:
@@ -473,7 +519,7 @@ def summary_json(plan: AblationPlan, results: list[RunResult]) -> dict[str, Any]
     runs = [{**r.run.to_json(), "status": r.status, "attempts": r.attempts, "wall_s": r.wall_s, "k": r.k,
              "avg": {env: {str(s): v for s, v in c.items()} for env, c in r.avg.items()},
              "best": {env: {str(s): v for s, v in c.items()} for env, c in r.best.items()},
-             "compared_after": r.compared} for r in results]
+             "compared_after": r.compared, "tasks": r.tasks} for r in results]
     return {"name": plan.spec.name, "updated": now(), "arms": arms, "runs": runs,
             "budget_differences": plan.budget_differences()}
 

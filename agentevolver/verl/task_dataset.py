@@ -50,6 +50,9 @@ class TaskDataset(Dataset):
                                   "TaskObjective (build rows with original_objectives() or the task manager)")
         self.objectives = list(objectives)
         self.create_params = dict(create_params or {})
+        #: What building the dataset measured (``tasks/*``: the training mixture's size and synthetic share, the
+        #: task generation's funnel); the trainer logs them with its first step.
+        self.metrics: dict[str, float] = {}
 
     def __len__(self) -> int:
         return len(self.objectives)
@@ -84,8 +87,9 @@ def tasks_from_env_service(
     return original_objectives(spread_over(task_ids, -1 if limit is None else limit), env_type, grader)
 
 
-def synthetic_pool(settings: Any, env_client: Any, llm: Any = None) -> list[Any]:
-    """The synthetic tasks the training mixture draws from (:class:`TaskObjective` list).
+def synthetic_pool(settings: Any, env_client: Any, llm: Any = None) -> tuple[list[Any], dict[str, float]]:
+    """The synthetic tasks the training mixture draws from (:class:`TaskObjective` list), and the generation's
+    ``tasks/*`` metrics when this run generated (:meth:`GenerationReport.metrics`; empty otherwise).
 
     Empty when the mixture takes none (``synthetic_data_ratio`` 0). Otherwise the tasks are generated
     first when ``task_manager.n`` > 0 (resuming from the checkpoint; a finished generation sends no LLM
@@ -100,7 +104,8 @@ def synthetic_pool(settings: Any, env_client: Any, llm: Any = None) -> list[Any]
         if section.n > 0:
             logger.warning("task_manager.n=%d but task_manager.mixture.synthetic_data_ratio is 0: the training "
                            "mixture takes no synthetic task, so none are generated", section.n)
-        return []
+        return [], {}
+    metrics: dict[str, float] = {}
     if section.n > 0:
         owned = llm is None
         llm = llm if llm is not None else LLMClients(settings.llm)
@@ -111,6 +116,7 @@ def synthetic_pool(settings: Any, env_client: Any, llm: Any = None) -> list[Any]
             if owned:
                 llm.close()
         logger.info("task generation: %s; rates %s", dict(report.counts), report.rates())
+        metrics = report.metrics()
         if report.failures:
             raise AgentEvolverError(
                 f"task generation: {len(report.failures)} exploration(s)/judgement(s) failed (first: "
@@ -122,7 +128,7 @@ def synthetic_pool(settings: Any, env_client: Any, llm: Any = None) -> list[Any]
     if foreign:
         raise ConfigError(f"task_manager.synthetic_tasks_path ({section.synthetic_tasks_path}) holds tasks of "
                           f"{foreign}, not of env_service.env_type={env_type!r}; point it at this environment's file")
-    return pool
+    return pool, metrics
 
 
 def build_task_datasets(config: Any, settings: Any = None, *, env_client: Any = None,
@@ -149,7 +155,7 @@ def build_task_datasets(config: Any, settings: Any = None, *, env_client: Any = 
                   "val": int(config.data.get("val_max_samples", -1))}
         original = {name: tasks_from_env_service(env, section.env_type, split, limits[name], grader)
                     for name, split in (("train", section.train_split), ("val", section.val_split))}
-        synthetic = synthetic_pool(settings, env, llm)
+        synthetic, generation = synthetic_pool(settings, env, llm)
     finally:
         if env_client is None:
             env.close()
@@ -160,6 +166,10 @@ def build_task_datasets(config: Any, settings: Any = None, *, env_client: Any = 
                           f"{settings.task_manager.synthetic_tasks_path} holds no synthetic task; generate tasks or "
                           "keep the original ones")
     params = section.create_params
+    synthetic_in_train = sum(o.source == "synthetic" for o in train)
     logger.info("training tasks: %d (%d synthetic); validation tasks: %d (original only)", len(train),
-                sum(o.source == "synthetic" for o in train), len(val))
-    return (TaskDataset(train, params, name="train"), TaskDataset(val, params, name="validation"))
+                synthetic_in_train, len(val))
+    train_set = TaskDataset(train, params, name="train")
+    train_set.metrics = {**generation, "tasks/train": float(len(train)),
+                         "tasks/train_synthetic": float(synthetic_in_train)}
+    return train_set, TaskDataset(val, params, name="validation")

@@ -123,7 +123,8 @@ def _generate(args: argparse.Namespace, console: Console) -> tuple[GenerationRep
 def summary_dict(report: GenerationReport, seeds: int) -> dict[str, object]:
     """The counters and rates of a run as plain data."""
     return {"seeds": seeds, "writer": report.writer, "counts": dict(report.counts), "rates": report.rates(),
-            "rejections": report.rejections(), "failures": report.failures, "checkpoint": report.checkpoint_status,
+            "rejections": report.rejections(), "metrics": report.metrics(), "failures": report.failures,
+            "checkpoint": report.checkpoint_status,
             "output": str(report.output_path),
             "examples": [_example(o) for o in report.objectives[:EXAMPLES]]}
 
@@ -157,7 +158,7 @@ def summary_table(report: GenerationReport, seeds: int) -> Table:
     table.add_column("stage")
     table.add_column("count", justify="right")
     table.add_column("detail")
-    failed_explorations = sum(1 for f in report.failures if "#" in f.split(":", 1)[0])
+    failed_explorations = report.failed_explorations()
     table.add_row("seed tasks", str(seeds), "")
     table.add_row("task writer", "", report.writer or "-")
     table.add_row("explorations", str(c["explorations_planned"]),

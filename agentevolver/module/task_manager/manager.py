@@ -46,6 +46,7 @@ from agentevolver.module.task_manager.prompts import PROMPT_VERSION
 from agentevolver.module.task_manager.store import write_objectives
 from agentevolver.module.task_manager.summarizer import Summarizer, llm_writer_identity
 from agentevolver.schema import Task, TaskObjective
+from agentevolver.schema.task_writing import RENDER_COUNTS
 
 __all__ = ["GenerationReport", "ProgressFn", "TaskManager", "TaskWriter", "check_names", "exploration_key",
            "make_writer", "writer_identity"]
@@ -57,6 +58,11 @@ TaskWriter = Summarizer | EnvWriter
 
 #: ``progress(phase, done, total)``; phase is "explore" or "filter".
 ProgressFn = Callable[[str, int, int], None]
+
+
+#: The environment writer's counts of tool calls that gave no task (every :data:`RENDER_COUNTS` but the seen and
+#: rendered totals), each a rejection reason in :meth:`GenerationReport.metrics`.
+ENV_DROPPED_COUNTS = tuple(key for key in RENDER_COUNTS if key not in ("calls_seen", "tasks_rendered"))
 
 
 def exploration_key(seed_task_id: str, round_index: int) -> str:
@@ -83,7 +89,7 @@ class GenerationReport:
         duplicates), feasibility rate (judged tasks the post filters kept); None when undefined."""
         c = self.counts
         duplicates = c["dropped_exact_duplicate"] + c["dropped_near_duplicate"]
-        summarised = c["explorations_planned"] - len([f for f in self.failures if "#" in f.split(":", 1)[0]])
+        summarised = c["explorations_planned"] - self.failed_explorations()
         return {
             "parse_rate": _ratio(c["summary_replies"] - c["summary_unparsed_replies"], c["summary_replies"]),
             "reasks_per_exploration": (_ratio(c["summary_replies"] - summarised, summarised)
@@ -94,11 +100,35 @@ class GenerationReport:
             "feasibility_rate": _ratio(c["judged_kept"], c["judged"]),
         }
 
+    def failed_explorations(self) -> int:
+        """Explorations that failed (their failure is keyed ``seed#round``; a post-filter failure is keyed
+        ``filter:task``)."""
+        return sum(1 for f in self.failures if "#" in f.split(":", 1)[0])
+
     def rejections(self) -> dict[str, int]:
         """Written tasks whose answer was not proved, by reason (:data:`.proof.REJECTION_REASONS`)."""
         prefix = "answers_rejected_"
         return {key.removeprefix(prefix): value for key, value in sorted(self.counts.items())
                 if key.startswith(prefix) and value}
+
+    def metrics(self) -> dict[str, float]:
+        """The generation as ``tasks/*`` metrics: what was written and every candidate dropped on the way, by
+        reason (``tasks/rejected/<reason>``), so a run's metrics.jsonl (and the ablation report that reads it)
+        says how Self-Questioning fed training without its log or checkpoint. Reasons, in funnel order: the
+        environment writer's tool calls it did not render (``env_<count>``, :data:`RENDER_COUNTS`), malformed
+        summary items, unproved answers (``answer_<reason>``), duplicates, post-filter rejections."""
+        c = self.counts
+        rejected = {f"env_{key}": c[f"env_{key}"] for key in ENV_DROPPED_COUNTS}
+        rejected["malformed"] = c["summary_rejected_items"]
+        rejected.update({f"answer_{reason}": n for reason, n in self.rejections().items()})
+        rejected.update({key: c[f"dropped_{key}"] for key in ("exact_duplicate", "near_duplicate")})
+        rejected["post_filter"] = c["judged"] - c["judged_kept"]
+        metrics = {"tasks/explorations": c["explorations_planned"],
+                   "tasks/explorations_failed": self.failed_explorations(),
+                   "tasks/proposed": c["objectives_proposed"], "tasks/written": c["tasks_written"],
+                   "tasks/rejected": sum(rejected.values())}
+        metrics.update({f"tasks/rejected/{reason}": n for reason, n in rejected.items() if n})
+        return {key: float(value) for key, value in metrics.items()}
 
 
 def _ratio(num: int, den: int) -> float | None:

@@ -36,7 +36,9 @@ where verl has a name for the same work, it is verl's, so verl's per-token timin
     pass with another experience mode where ``exp_manager.val_compare_mode`` asks), metrics
 
 :attr:`AgentEvolverTrainer.STAGES` is this list, in order; :meth:`AgentEvolverTrainer.fit` is the loop around
-it (resume, the initial memory, validation before training, the progress bar, logging).
+it (resume, the initial memory, validation before training, the progress bar, logging; the first step's metrics
+also carry the training dataset's ``tasks/*``: the mixture's size and synthetic share, Self-Questioning's
+generation funnel).
 """
 
 from __future__ import annotations
@@ -243,12 +245,16 @@ class AgentEvolverTrainer(RayPPOTrainer):
         SkipManager.set_step(self.global_steps)
         profiled = self.config.global_profiler.steps or []
         continuous = bool(self.config.global_profiler.profile_continuous_steps)
+        # what building the training dataset measured (tasks/*: mixture size, task generation), logged with this
+        # process's first step so metrics.jsonl holds it (again after a resume: the dataset was built again)
+        dataset_metrics = dict(getattr(self.train_dataset, "metrics", {}))
         for epoch in range(start_epoch, self.config.trainer.total_epochs):
             for rows in self.train_dataloader:
                 step = self.global_steps
                 profile = step in profiled
                 self._start_profiling(profile and not (continuous and step - 1 in profiled))
-                metrics = self.train_step(rows, epoch=epoch)
+                metrics = {**dataset_metrics, **self.train_step(rows, epoch=epoch)}
+                dataset_metrics = {}
                 last_profiled = profile and (step == max(profiled) or step >= self.total_training_steps)
                 self._stop_profiling(profile and not (continuous and step + 1 in profiled), run_command=last_profiled)
                 tracking.log(data=metrics, step=step)
