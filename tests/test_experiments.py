@@ -112,6 +112,20 @@ def test_dry_run_composes_every_run_and_starts_nothing(tmp_path: Path) -> None:
     assert not (tmp_path / "abl").exists()
 
 
+@pytest.mark.parametrize("ablation_file", sorted((REPO_ROOT / "examples" / "ablation").glob("*.yaml")),
+                         ids=lambda path: path.stem)
+def test_every_arm_of_every_shipped_ablation_composes(tmp_path: Path, ablation_file: Path) -> None:
+    """An arm that is not in the documented command (sn_grow, sa_llm, ...) is still a shipped promise: a key
+    renamed in the schema must fail here, not hours into someone's ablation."""
+    spec = load_spec(ablation_file)
+    done = run_cli(["ablation", "--conf", str(ablation_file), "--seeds", "1", "--out", str(tmp_path / "abl"),
+                    "--dry-run"], tmp_path)
+    assert done.returncode == 0, done.stdout + done.stderr
+    for arm in spec.arms:
+        assert f"{arm}/seed0  [new]" in done.stdout, done.stdout
+    assert not (tmp_path / "abl").exists()
+
+
 def test_a_bad_override_of_one_arm_stops_before_anything_runs(tmp_path: Path) -> None:
     path = write_ablation(tmp_path, {"arms": {"ok": {}, "bad": {"overrides": ["agent_flow.max_steps=0"]}}})
     done = run_cli(["ablation", "--conf", str(path), "--out", str(tmp_path / "abl")], tmp_path)
@@ -202,6 +216,13 @@ def test_report_compares_each_arm_with_its_baseline_seed_by_seed(tmp_path: Path)
             second = {"val-exp_all-core/calc/acc/mean@4": finals["sn"][run.seed] + 0.1} if run.seed < 2 else {}
             lines.append(json.dumps({"step": 2, "val-aux/calc/experience/mean@4": 0.0, **second}))
             (run.run_dir / "metrics.jsonl").write_text("\n".join(lines) + "\n")
+        if run.arm == "sq" and run.seed < 2:  # the generation funnel, logged with step 1 (seed 2: none logged)
+            funnel = {"step": 1, "tasks/explorations": 16.0, "tasks/explorations_failed": float(run.seed),
+                      "tasks/proposed": 5.0, "tasks/written": 4.0, "tasks/train": 12.0, "tasks/train_synthetic": 4.0,
+                      "tasks/rejected": 12.0, "tasks/rejected/env_seed_copies": 9.0,
+                      "tasks/rejected/exact_duplicate": 1.0, "tasks/rejected/answer_answer_in_query": 2.0}
+            with (run.run_dir / "metrics.jsonl").open("a") as out:
+                out.write(json.dumps(funnel) + "\n")
     results = write_report(plan, "python -m agentevolver.experiments ablation --conf x")
     readme = (plan.out / "README.md").read_text()
     # sn - grpo per seed: +10, +5, +10 -> mean +8.3, sd 2.89, t(0.975, 2) = 4.303 -> half width 7.17
@@ -217,6 +238,13 @@ def test_report_compares_each_arm_with_its_baseline_seed_by_seed(tmp_path: Path)
     sn_runs = [r for r in json.loads((plan.out / "summary.json").read_text())["runs"] if r["arm"] == "sn"]
     assert [r["compared_after"] for r in sn_runs] == [{"all": {"calc": 0.6}}, {"all": {"calc": 0.65}}, {}]
     assert [r.status for r in results] == ["done"] * 12
+    # Self-Questioning's synthetic tasks, per run that generated, rejections by reason (most first)
+    assert "## Self-Questioning: synthetic tasks per run" in readme
+    assert ("| sq | 0 | 16 | 5 | 4 | 4 of 12 | 12 | env_seed_copies 9, answer_answer_in_query 2, exact_duplicate 1 |"
+            in readme)
+    assert "| sq | 1 | 16 (1 failed) | 5 | 4 |" in readme and "| sq | 2 |" not in readme.split("## Runs")[0]
+    sq_runs = [r for r in json.loads((plan.out / "summary.json").read_text())["runs"] if r["arm"] == "sq"]
+    assert [r["tasks"].get("tasks/written") for r in sq_runs] == [4.0, 4.0, None]
     with pytest.raises(ConfigError, match="baseline: no arm 'nope'"):
         load_spec(write_ablation(tmp_path, {"baseline": "nope", "arms": {"a": {}}}))
 
