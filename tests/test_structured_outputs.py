@@ -22,6 +22,7 @@ import httpx
 import jsonschema
 import openai
 import pytest
+import torch
 from scripted_openai_server import Reply, ScriptedOpenAIServer
 from test_llm_server import MODEL, Server, llm_server
 
@@ -30,7 +31,7 @@ from agentevolver.client.llm_config import LLMEndpointConfig
 from agentevolver.client.structured_output import ReplySchema, is_format_refusal, reply_schema
 from agentevolver.errors import LLMError
 from agentevolver.llm_server.errors import ServerError
-from agentevolver.llm_server.structured import check_schema
+from agentevolver.llm_server.structured import StructuredOutputs, check_schema
 from agentevolver.module.adv_processor.judge import JudgeInput, evaluate_step_flags
 from agentevolver.module.adv_processor.judge_prompt import StepText, Transcript, parse_step_judgments
 from agentevolver.module.task_manager.parsing import ask_parsed, summary_schema
@@ -274,6 +275,54 @@ def test_the_task_writers_reply_has_its_shape_on_the_first_reply_with_a_random_m
         reply = ask_parsed(client, messages, lambda text: jsonschema.validate(json.loads(text), schema.schema),
                            retries=0, schema=schema)
         assert (reply.replies, reply.failures, reply.structured) == (1, 0, 1), reply.errors
+
+
+def test_the_constraint_never_writes_a_surrogate_which_the_grammar_counts_as_one_character() -> None:
+    """xgrammar 0.2.8 lets a string hold ``ED A0 80`` (U+D800 as UTF-8, not valid UTF-8) and counts it as one
+    character; decoded, it is three replacement characters, so a random model's reply once came out two
+    characters over its ``maxLength`` in CI. The constraint bans the second byte after the lead, and any token
+    holding both."""
+    import xgrammar
+    from transformers import AutoTokenizer
+
+    from agentevolver.models import resolve_model_path
+    from agentevolver.schema.llm_wire import ResponseFormat
+
+    tokenizer = AutoTokenizer.from_pretrained(resolve_model_path(MODEL))
+    vocab_size = len(tokenizer)
+    token_texts = tokenizer.batch_decode([[i] for i in range(vocab_size)])
+    outputs = StructuredOutputs(tokenizer, vocab_size=vocab_size, stop_token_ids=[tokenizer.eos_token_id],
+                                token_texts=token_texts, special_ids=frozenset(tokenizer.all_special_ids))
+    schema = {"type": "object", "properties": {"q": {"type": "string", "maxLength": 3}}, "required": ["q"]}
+    response_format = ResponseFormat.model_validate({"type": "json_schema",
+                                                     "json_schema": {"name": "q", "schema": schema}})
+    grammar = asyncio.run(outputs.grammar_for(response_format))
+    vocab = [bytes(b) for b in xgrammar.TokenizerInfo.from_huggingface(tokenizer).decoded_vocab]
+    byte_id = {data: i for i, data in enumerate(vocab) if len(data) == 1}
+    lead, second, continuation = byte_id[b"\xed"], byte_id[b"\xa0"], byte_id[b"\x80"]
+    opening = tokenizer.encode('{"q": "', add_special_tokens=False)
+
+    # the premise: the grammar alone takes the surrogate as one character of three
+    matcher = xgrammar.GrammarMatcher(grammar)
+    assert all(matcher.accept_token(i) for i in [*opening, lead, second, continuation])
+
+    constraint = outputs.constraint(grammar)
+    for token in opening:
+        constraint.accept(token)
+    scores = torch.zeros(vocab_size)
+    constraint.mask(scores)
+    assert torch.isfinite(scores[lead]) and not torch.isfinite(scores[second])  # a lone A0 is not UTF-8 anyway
+    joined = [i for i, data in enumerate(vocab) if b"\xed\xa0" in data or b"\xed\xbf" in data]
+    assert all(not torch.isfinite(scores[i]) for i in joined)
+    constraint.accept(lead)
+    scores = torch.zeros(vocab_size)
+    constraint.mask(scores)
+    assert not torch.isfinite(scores[second]), "a second byte A0..BF after ED would write a surrogate"
+    assert torch.isfinite(scores[continuation]), "ED 80..9F starts a valid character (U+D000-U+D7FF)"
+    constraint.accept(continuation)
+    scores = torch.zeros(vocab_size)
+    constraint.mask(scores)
+    assert torch.isfinite(scores[continuation]), "the pending lead is gone once a byte follows it"
 
 
 def test_judge_json_replies_parse_and_a_wrong_count_is_an_error() -> None:

@@ -56,6 +56,8 @@ CACHE_ENTRIES = 128
 
 _XGRAMMAR_LOCATION = re.compile(r"^\[[\d:]+\] \S+:\d+: ")
 _SCHEMA_PARAM = "response_format.json_schema.schema"
+#: A UTF-16 surrogate (U+D800-U+DFFF) written as UTF-8: the lead byte ED, then A0..BF (not valid UTF-8).
+_SURROGATE_BYTES = re.compile(rb"\xed[\xa0-\xbf]")
 
 
 def check_schema(schema: Any) -> None:
@@ -116,16 +118,22 @@ def _dotted(prefix: str, parts: Sequence[Any]) -> str:
 class GrammarConstraint:
     """One row's grammar state: masks the tokens that cannot continue a valid reply, and advances.
 
-    Besides the grammar it bans every token whose text holds a raw control character (U+0000-U+001F):
-    compact JSON never needs one (a newline in a string is written ``\\n``), and xgrammar 0.2.8's rule for
-    length-limited strings lets them through, which would make ``json.loads`` reject the reply.
+    Besides the grammar it bans two kinds of token the grammar lets through (:class:`_ByteBans`):
+    - every token whose text holds a raw control character (U+0000-U+001F): compact JSON never needs one (a
+      newline in a string is written ``\\n``), and xgrammar 0.2.8's rule for length-limited strings lets them
+      through, which would make ``json.loads`` reject the reply;
+    - every token that would write a UTF-16 surrogate (U+D800-U+DFFF) as UTF-8 bytes (``ED A0..BF ..``), within
+      the token or across two: xgrammar 0.2.8 counts one as a character, but it is not valid UTF-8, so the
+      decoded reply holds three replacement characters instead and a string at its ``maxLength`` comes out
+      two characters too long (a temperature-1.0 random model did this in CI).
     """
 
-    def __init__(self, matcher: Any, xgr: Any, vocab_size: int, banned: torch.Tensor) -> None:
+    def __init__(self, matcher: Any, xgr: Any, vocab_size: int, bans: _ByteBans) -> None:
         self._matcher = matcher
         self._xgr = xgr
         self._bitmask = xgr.allocate_token_bitmask(1, vocab_size)
-        self._banned = banned
+        self._bans = bans
+        self._after_lead = False  # the reply's bytes so far end with ED, a lead byte whose second byte is pending
 
     def mask(self, scores: torch.Tensor) -> None:
         if self._matcher.is_terminated():
@@ -133,14 +141,60 @@ class GrammarConstraint:
         self._matcher.fill_next_token_bitmask(self._bitmask, 0)
         row = scores.unsqueeze(0)
         self._xgr.apply_token_bitmask_inplace(row, self._bitmask)
-        grammar_only = row.clone() if bool(self._banned.any()) else None
-        scores.masked_fill_(self._banned, float("-inf"))
-        if grammar_only is not None and not bool(torch.isfinite(scores).any()):
+        banned = self._bans.after_lead if self._after_lead else self._bans.always
+        grammar_only = row.clone()
+        scores.masked_fill_(banned, float("-inf"))
+        if not bool(torch.isfinite(scores).any()):
             scores.copy_(grammar_only[0])  # never leave a row without a token to choose
 
     def accept(self, token: int) -> None:
-        if not self._matcher.is_terminated() and not self._matcher.accept_token(token):
+        if self._matcher.is_terminated():
+            return
+        if not self._matcher.accept_token(token):
             logger.warning("structured output: the grammar rejected token %d it had allowed", token)
+        if self._bans.has_bytes(token):  # a special token writes no byte and leaves a pending lead pending
+            self._after_lead = token in self._bans.ends_with_lead
+
+
+class _ByteBans:
+    """The tokens :class:`GrammarConstraint` bans on top of the grammar, from each token's text and bytes.
+
+    Args:
+        token_texts: decoded text of every vocabulary id (for the control characters).
+        token_bytes: the raw bytes each id writes (xgrammar's ``TokenizerInfo.decoded_vocab``; special tokens
+            write none).
+        special_ids: never banned.
+        vocab_size: rows of the logits (ids past the tokenizer's are never banned).
+    """
+
+    #: The lead byte of U+D000-U+DFFF; a second byte of A0..BF makes it a surrogate.
+    SURROGATE_LEAD = 0xED
+
+    def __init__(self, token_texts: Sequence[str], token_bytes: Sequence[bytes], special_ids: frozenset[int],
+                 vocab_size: int) -> None:
+        def is_second(byte: int) -> bool:
+            return 0xA0 <= byte <= 0xBF
+
+        control, surrogate, starts_second, writes = [], [], [], []
+        ends_with_lead = set()
+        for i in range(vocab_size):
+            special = i in special_ids
+            text = token_texts[i] if i < len(token_texts) and not special else ""
+            data = bytes(token_bytes[i]) if i < len(token_bytes) and not special else b""
+            control.append(any(ord(ch) < 0x20 for ch in text))
+            surrogate.append(_SURROGATE_BYTES.search(data) is not None)
+            starts_second.append(bool(data) and is_second(data[0]))
+            writes.append(bool(data))
+            if data.endswith(bytes([self.SURROGATE_LEAD])):
+                ends_with_lead.add(i)
+        self.always = torch.tensor(control, dtype=torch.bool) | torch.tensor(surrogate, dtype=torch.bool)
+        self.after_lead = self.always | torch.tensor(starts_second, dtype=torch.bool)
+        self.ends_with_lead = frozenset(ends_with_lead)
+        self._writes = writes
+
+    def has_bytes(self, token: int) -> bool:
+        """Whether ``token`` writes any byte (a special token leaves the pending-lead state as it was)."""
+        return 0 <= token < len(self._writes) and self._writes[token]
 
 
 class StructuredOutputs:
@@ -163,7 +217,7 @@ class StructuredOutputs:
         self._special_ids = special_ids
         self._compiler: Any = None
         self._xgr: Any = None
-        self._banned: torch.Tensor | None = None
+        self._bans: _ByteBans | None = None
         self._setup_lock = threading.Lock()
         self._cache: OrderedDict[str, asyncio.Future[Any]] = OrderedDict()
         self.stats = {"compiled": 0, "cache_hits": 0, "constrained_choices": 0, "rejected_formats": 0}
@@ -203,9 +257,9 @@ class StructuredOutputs:
 
     def constraint(self, grammar: Any) -> GrammarConstraint:
         """A fresh per-choice state for ``grammar`` (a matcher serves one sequence)."""
-        assert self._xgr is not None and self._banned is not None
+        assert self._xgr is not None and self._bans is not None
         self.stats["constrained_choices"] += 1
-        return GrammarConstraint(self._xgr.GrammarMatcher(grammar), self._xgr, self._vocab_size, self._banned)
+        return GrammarConstraint(self._xgr.GrammarMatcher(grammar), self._xgr, self._vocab_size, self._bans)
 
     # -- worker thread -------------------------------------------------------------------------------------
 
@@ -242,10 +296,8 @@ class StructuredOutputs:
                     )
                 info = xgrammar.TokenizerInfo.from_huggingface(
                     self._tokenizer, vocab_size=self._vocab_size, stop_token_ids=self._stop_ids)
-                self._banned = torch.tensor([
-                    i not in self._special_ids and any(ord(ch) < 0x20 for ch in text)
-                    for i, text in enumerate(self._token_texts)
-                ] + [False] * (self._vocab_size - len(self._token_texts)), dtype=torch.bool)
+                self._bans = _ByteBans(self._token_texts, [bytes(b) for b in info.decoded_vocab],
+                                       self._special_ids, self._vocab_size)
                 self._xgr = xgrammar
                 self._compiler = xgrammar.GrammarCompiler(info, max_threads=2)
             return self._compiler
