@@ -26,6 +26,7 @@ from ports import free_port
 from rich.console import Console
 from training_fixture import kill_tree, training_command, training_timeout
 
+from agentevolver.backends.cpu.precision import machine_summary
 from agentevolver.errors import ConfigError
 from agentevolver.experiments.cli import main
 from agentevolver.experiments.hold import PARENT_ENV, READY_FILE
@@ -136,7 +137,8 @@ def test_a_bad_override_of_one_arm_stops_before_anything_runs(tmp_path: Path) ->
 
 # -- the report ---------------------------------------------------------------------------------------------
 
-def _fake_run(run_dir: Path, curve: dict[int, tuple[float, float]], wall_s: float, k: int = 4) -> None:
+def _fake_run(run_dir: Path, curve: dict[int, tuple[float, float]], wall_s: float, k: int = 4,
+              machine: dict | None = None) -> None:
     run_dir.mkdir(parents=True)
     lines = []
     for step, (avg, best) in curve.items():
@@ -146,8 +148,10 @@ def _fake_run(run_dir: Path, curve: dict[int, tuple[float, float]], wall_s: floa
             line["timing_s/step"] = 10.0
         lines.append(json.dumps(line))
     (run_dir / "metrics.jsonl").write_text("\n".join(lines) + "\n")
-    (run_dir / STATE_FILE).write_text(json.dumps({"status": "done", "attempts": [
-        {"wall_s": wall_s / 2}, {"wall_s": wall_s / 2}]}))
+    attempts = [{"wall_s": wall_s / 2}, {"wall_s": wall_s / 2}]
+    if machine:
+        attempts = [{**attempt, "machine": machine} for attempt in attempts]  # one machine, listed once
+    (run_dir / STATE_FILE).write_text(json.dumps({"status": "done", "attempts": attempts}))
 
 
 def test_report_table_curves_and_commands(tmp_path: Path) -> None:
@@ -160,7 +164,8 @@ def test_report_table_curves_and_commands(tmp_path: Path) -> None:
         if run.arm == "sa":
             run.roles["judge"] = "qwen (remote)"
     grpo0, grpo1, sa0, sa1 = plan.runs
-    _fake_run(grpo0.run_dir, {0: (0.5, 0.6), 1: (0.55, 0.7), 2: (0.6, 0.8)}, 600)
+    _fake_run(grpo0.run_dir, {0: (0.5, 0.6), 1: (0.55, 0.7), 2: (0.6, 0.8)}, 600,
+              machine={"cpu": "Some Xeon", "cores": 2, "bf16": "amx_bf16"})
     _fake_run(grpo1.run_dir, {0: (0.5, 0.6), 2: (0.8, 0.9)}, 900)
     _fake_run(sa0.run_dir, {0: (0.4, 0.5), 2: (0.9, 1.0)}, 1200)
     sa1.run_dir.mkdir(parents=True)  # unfinished: one validation so far
@@ -177,7 +182,8 @@ def test_report_table_curves_and_commands(tmp_path: Path) -> None:
     assert "| sa | 1/2 | 40.0 | 90.0 | +50.0 | 90.0 / 100.0 | 20.0 min | policy: tiny-test; env: calc; reward: " \
            "env calc; judge: qwen (remote) |" in readme
     assert "avg@4 before" in readme and "## Validation success on `calc` (%)" in readme
-    assert "| sa | 1 | new | 0 | calc: 30.0 → — |" in readme
+    assert "| sa | 1 | new | 0 | calc: 30.0 → — | — | not recorded |" in readme
+    assert "| grpo | 0 | done | 2 | calc: 50.0 → 60.0 | 10.0 min | Some Xeon, 2 cores, amx_bf16 |" in readme
     png = (plan.out / "curves.png").read_bytes()
     assert png.startswith(b"\x89PNG") and len(png) > 10_000
     commands = (plan.out / "commands.sh").read_text()
@@ -186,6 +192,7 @@ def test_report_table_curves_and_commands(tmp_path: Path) -> None:
            ".enable=true" in commands and "x=1" in commands
     summary = json.loads((plan.out / "summary.json").read_text())
     assert summary["arms"][0]["validation"]["calc"]["after"] == [0.6, 0.8]
+    assert summary["runs"][0]["machines"] == [{"cpu": "Some Xeon", "cores": 2, "bf16": "amx_bf16"}]
 
     # `report FOLDER` rewrites the same report from the folder's ablation.json, without composing anything
     (plan.out / "ablation.json").write_text(json.dumps({**plan.to_json(), "command_line": "python -m x"}))
@@ -323,6 +330,7 @@ def test_two_arm_ablation_trains_reports_and_resumes_without_redoing_finished_ru
     assert "lr_high/seed0: done in" in second_out and "grpo/seed0: done in" not in second_out
     assert len(_state(grpo)["attempts"]) == 1 and (grpo / "metrics.jsonl").read_bytes() == grpo_metrics
     assert _state(lr_high)["status"] == "done" and _state(lr_high)["attempts"][-1]["exit_code"] == 0
+    assert _state(lr_high)["attempts"][-1]["machine"] == machine_summary()  # the report's machine column
 
     # services: started once by the services launch, reused by every run, stopped at the end
     records = out / "records"
@@ -338,6 +346,7 @@ def test_two_arm_ablation_trains_reports_and_resumes_without_redoing_finished_ru
     # the report: table with both arms and their roles, the PNG, the exact commands
     readme = (out / "README.md").read_text()
     assert "## Validation success on `lottery` (%)" in readme and "avg@2 / best@2 after" in readme
+    assert f"| {machine_summary()['cpu']}, {machine_summary()['cores']} cores, " in readme
     for arm in ("grpo", "lr_high"):  # its row of the arm table: 1 of 1 seeds finished, with the run's roles
         row = next(line for line in readme.splitlines() if line.startswith(f"| {arm} | 1/1 | "))
         assert row.endswith(" | policy: tiny-test; env: lottery; reward: env lottery |")

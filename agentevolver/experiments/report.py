@@ -57,6 +57,8 @@ class RunResult:
     success_with_experience: float | None = None
     success_without_experience: float | None = None
     validation_experience: dict[str, float] = field(default_factory=dict)
+    #: The machines its attempts ran on (RunState.machines; empty for runs recorded before machines were).
+    machines: list[dict[str, Any]] = field(default_factory=list)
     #: The final step's second validation pass (``exp_manager.val_compare_mode``): mode -> env -> avg@k.
     compared: dict[str, dict[str, float]] = field(default_factory=dict)
     #: The training dataset's ``tasks/*`` metrics as last logged (the mixture's size; Self-Questioning's
@@ -135,7 +137,7 @@ def collect(plan: AblationPlan) -> list[RunResult]:
                                  success_without_experience=_step_mean(metrics, "exp/success_without_experience"),
                                  validation_experience=_final_experience(metrics, run.total_steps),
                                  compared=_final_compared(metrics, run.total_steps),
-                                 tasks=_last_logged(metrics, "tasks/")))
+                                 tasks=_last_logged(metrics, "tasks/"), machines=state.machines()))
     return results
 
 
@@ -307,6 +309,14 @@ def _mean_sd(values: list[float], signed: bool = False) -> str:
     return text
 
 
+def _machines(machines: list[dict[str, Any]]) -> str:
+    """``cpu, N cores, bf16 flag`` per machine; "not recorded" for runs from before attempts recorded one."""
+    if not machines:
+        return "not recorded"
+    return "; ".join(f"{m.get('cpu', 'unknown')}, {m.get('cores', '?')} cores, {m.get('bf16') or 'no bf16 flag'}"
+                     for m in machines)
+
+
 def _duration(seconds: float | None) -> str:
     if seconds is None:
         return "—"
@@ -409,9 +419,10 @@ def render_markdown(plan: AblationPlan, results: list[RunResult], command_line: 
     for r in results:
         env_parts = [f"{env}: {_pct(r.before(env))} → {_pct(r.after(env))}" for env in envs]
         run_rows.append([r.run.arm, str(r.run.seed), r.status, str(r.attempts), "; ".join(env_parts) or "—",
-                         _duration(r.wall_s), f"`{os.path.relpath(r.run.run_dir, plan.out)}`"])
-    lines += _table(["arm", "seed", "status", "attempts", f"avg@{k} before → after", "wall time", "run folder"],
-                    run_rows)
+                         _duration(r.wall_s), _machines(r.machines),
+                         f"`{os.path.relpath(r.run.run_dir, plan.out)}`"])
+    lines += _table(["arm", "seed", "status", "attempts", f"avg@{k} before → after", "wall time", "machine",
+                     "run folder"], run_rows)
     lines += ["", "## Arms", ""]
     lines += _table(["arm", "description", "overrides", "services"],
                     [[a.name, a.description or "—", " ".join(f"`{o}`" for o in a.overrides) or "—",
@@ -519,7 +530,7 @@ def summary_json(plan: AblationPlan, results: list[RunResult]) -> dict[str, Any]
     runs = [{**r.run.to_json(), "status": r.status, "attempts": r.attempts, "wall_s": r.wall_s, "k": r.k,
              "avg": {env: {str(s): v for s, v in c.items()} for env, c in r.avg.items()},
              "best": {env: {str(s): v for s, v in c.items()} for env, c in r.best.items()},
-             "compared_after": r.compared, "tasks": r.tasks} for r in results]
+             "compared_after": r.compared, "tasks": r.tasks, "machines": r.machines} for r in results]
     return {"name": plan.spec.name, "updated": now(), "arms": arms, "runs": runs,
             "budget_differences": plan.budget_differences()}
 

@@ -16,6 +16,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from agentevolver.backends.cpu.precision import machine_summary
 from agentevolver.errors import ConfigError
 from agentevolver.experiments.plan import RunPlan
 
@@ -51,8 +52,9 @@ def final_step_logged(run_dir: Path, total_steps: int | None) -> bool:
 
 
 class RunState:
-    """``<run dir>/ablation_run.json``: the run's command, its attempts (start, end, wall time, exit status)
-    and its status (new, running, done, failed, stopped)."""
+    """``<run dir>/ablation_run.json``: the run's command, its attempts (start, end, wall time, exit status,
+    the machine: :func:`~agentevolver.backends.cpu.precision.machine_summary`) and its status (new, running,
+    done, failed, stopped)."""
 
     def __init__(self, run: RunPlan) -> None:
         self.run = run
@@ -92,7 +94,7 @@ class RunState:
 
     def begin(self, log: Path) -> None:
         attempts = self.attempts
-        attempts.append({"started": now(), "log": str(log)})
+        attempts.append({"started": now(), "log": str(log), "machine": machine_summary()})
         self.save(status="running", attempts=attempts)
 
     def end(self, exit_code: int, wall_s: float, status: str, reason: str | None = None) -> None:
@@ -109,6 +111,15 @@ class RunState:
         tmp = self.path.with_suffix(".tmp")
         tmp.write_text(json.dumps(self.data, indent=2), encoding="utf-8")
         os.replace(tmp, self.path)
+
+    def machines(self) -> list[dict[str, Any]]:
+        """The machine of each attempt that recorded one, without repeats, in attempt order."""
+        found: list[dict[str, Any]] = []
+        for attempt in self.attempts:
+            machine = attempt.get("machine")
+            if isinstance(machine, dict) and machine not in found:
+                found.append(machine)
+        return found
 
     def wall_s(self) -> float | None:
         """Summed wall time of the attempts that ended (None when none did)."""
