@@ -30,9 +30,10 @@ from agentevolver.config import compose_config, validate_config
 from agentevolver.errors import ConfigError
 from agentevolver.models import resolve_model_path
 from agentevolver.module.adv_processor import AdcaHyper, AdcaStage, compute_prm_grpo_advantages
+from agentevolver.module.adv_processor.env_labels import EnvStepLabeller
 from agentevolver.module.agent_flow import AgentFlow, AgentFlowConfig, EpisodeSpec
 from agentevolver.module.tools import ToolRegistry
-from agentevolver.schema import ChatMessage
+from agentevolver.schema import ChatMessage, Task, TaskObjective
 from agentevolver.schema.step_labels import split_steps
 from agentevolver.verl.agent_loop import to_agent_loop_output
 from env_service.base import CannotLabel
@@ -179,6 +180,56 @@ def test_calc_refuses_what_it_cannot_label() -> None:
         CalcEnv.label_steps(SUB.task_id, broken, {})
 
 
+# ----------------------------------------------------------------------------------------- synthetic tasks
+def played(seed: CalcTask, query: str, actions: list[str]) -> list[ChatMessage]:
+    """An episode of a synthetic task played on ``seed``'s id: calc's opening with ``query`` in place of
+    the seed's question, as the agent flow plays it."""
+    episode = recorded(seed, actions)
+    question = max(i for i, m in enumerate(episode) if m.role == "user" and seed.query in m.content)
+    return [m if i != question else m.model_copy(update={"content": query}) for i, m in enumerate(episode)]
+
+
+def test_a_synthetic_task_is_labelled_against_the_question_it_asked() -> None:
+    query = "What is 39 * 13 - 8?"
+    steps = [call("39 * 13"), call("507 - 8"), "FINAL ANSWER: 499"]
+    labels = CalcEnv.label_steps(SUB.task_id, played(SUB, query, steps), {"task": {"query": query, "answer": "499"}})
+    assert [x.label for x in labels] == [GOOD, GOOD, GOOD], labels  # 507 is the question's intermediate value
+    wrong = [call("39 * 14"), call("39 * 13 - 8"), "FINAL ANSWER: 500"]
+    labels = CalcEnv.label_steps(SUB.task_id, played(SUB, query, wrong), {"task": {"query": query, "answer": 499}})
+    assert [x.label for x in labels] == [BAD, GOOD, BAD], labels
+    assert "not a value the question asks for" in labels[0].reason and "contradicts" in labels[2].reason
+    # a number the question does not give is BAD, as for calc's own tasks
+    stray = CalcEnv.label_steps(SUB.task_id, played(SUB, query, [call("39 * 13 - 8 + 0 * 7")]),
+                                {"task": {"query": query, "answer": "499"}})
+    assert stray[0].label == BAD and "which the question does not give" in stray[0].reason
+    # without the definition calc knows only its own question, and says how to send the other
+    with pytest.raises(CannotLabel, match=r"params\.task"):
+        CalcEnv.label_steps(SUB.task_id, played(SUB, query, steps), {})
+
+
+def test_a_question_without_arithmetic_is_labelled_against_its_answer() -> None:
+    query = "A baker makes 12 muffins a day. How many muffins does the baker make in 5 days?"
+    definition = {"task": {"query": query, "answer": "60"}}
+    steps = [call("12 + 5"), call("12 * 5"), "FINAL ANSWER: 60"]
+    labels = CalcEnv.label_steps(SUB.task_id, played(SUB, query, steps), definition)
+    assert [x.label for x in labels] == [BAD, GOOD, GOOD], labels
+
+
+@pytest.mark.parametrize(("query", "answer", "expected"), [
+    ("What is 39 * 13 - 8?", 499, "39 * 13 - 8"),
+    ("Calculate 59 * 13 + 33 * 13.", 1196, "59 * 13 + 33 * 13"),
+    ("What is 1,200 + 34?", 1234, "1200 + 34"),
+    ("What is (4 + 6) * 3?", 30, "(4 + 6) * 3"),
+    ("What is 7 * 8? Then add 2.", 56, "7 * 8"),  # the run whose value is the answer
+    ("What is 7 * 8?", 57, None),
+    ("How many meters are in 5 kilometers?", 5000, None),
+])
+def test_the_questions_arithmetic(query: str, answer: float, expected: str | None) -> None:
+    from env_service.environments.calc.played_task import question_expression
+
+    assert question_expression(query, answer, 1e-6) == expected
+
+
 # ----------------------------------------------------------------------------------------- the service
 @pytest.fixture(scope="module")
 def service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
@@ -232,6 +283,12 @@ def test_an_environment_without_the_capability_answers_a_clear_error(client: Env
      422, "cannot_label", "messages"),
     ({"env_type": "nope", "task_id": "t", "messages": [{"role": "user", "content": "x"}]}, 404, "unknown_env",
      "env_type"),
+    ({"env_type": "calc", "task_id": "train-single-000", "messages": [{"role": "user", "content": "x"}],
+      "params": {"task": "What is 2+2?"}}, 400, "bad_request", "params.task"),
+    ({"env_type": "calc", "task_id": "train-single-000", "messages": [{"role": "user", "content": "x"}],
+      "params": {"task": {"answer": "4"}}}, 400, "bad_request", "params.task.query"),
+    ({"env_type": "calc", "task_id": "train-single-000", "messages": [{"role": "user", "content": "x"}],
+      "params": {"task": {"query": "x", "answer": "four"}}}, 400, "bad_request", "params.task.answer"),
 ])
 def test_bad_requests_name_the_field(service: str, body: dict[str, Any], status: int, code: str, field: str) -> None:
     answer = httpx.post(f"{service}/step_labels", json=body)
@@ -380,6 +437,39 @@ async def test_source_llm_logs_agreement_with_the_environment(service: str,
     quiet = off.apply(await real_batch(service), step=1)
     off.close()
     assert not any(key.startswith(("adca/judge_env", "adca/env")) for key in quiet)
+
+
+async def test_a_synthetic_tasks_episode_carries_its_question_to_the_environments_labels(service: str) -> None:
+    """Self-Questioning + env labels: a synthetic task runs on its seed's id with its own question; its
+    record keeps what was asked (``played_task``), and the labeller sends it, so calc labels the steps."""
+    query = "What is 39 * 13 - 8?"
+    objective = TaskObjective(task=Task(task_id=f"{SUB.task_id}~syn-test", env_type="calc", query=query,
+                                        ground_truth="499", evaluator="reference"),
+                              source="synthetic", seed_task_id=SUB.task_id)
+    async with EnvClient(EnvClientSettings(env_url=service)) as env:
+        flow = AgentFlow(AgentFlowConfig.model_validate({"max_steps": 4}), tokenizer=tokenizer(), env_client=env,
+                         generate=ScriptedPolicy([call("39 * 13"), call("39 * 13 - 9"), "FINAL ANSWER: 499"]).generate,
+                         max_model_len=4096, tool_registry=ToolRegistry())
+        result = await flow.run(EpisodeSpec.for_objective(objective, group_id="g"), {"temperature": 1.0})
+    assert result.num_turns == 3 and result.task_id == SUB.task_id, result.error
+    record = to_agent_loop_output(result, tokenizer()).extra_fields["episode_record"]
+    assert record["played_task"] == {"task_id": f"{SUB.task_id}~syn-test", "query": query, "ground_truth": "499"}
+    without = {**record, "played_task": None}  # what the trainer sent before the record kept the question
+    own = to_agent_loop_output(await play_own_task(service), tokenizer()).extra_fields["episode_record"]
+    assert own["played_task"] is None
+
+    async with EnvClient(EnvClientSettings(env_url=service, max_retries=0)) as env:
+        labels = await EnvStepLabeller(None, env).fetch([record, without], [3, 3], [True, True], {"calc": True})
+    assert labels.status == ["labelled", "cannot_label"] and labels.flags[0] == [True, False, True]
+    assert "params.task" in labels.errors[0]
+
+
+async def play_own_task(service: str) -> Any:
+    async with EnvClient(EnvClientSettings(env_url=service)) as env:
+        flow = AgentFlow(AgentFlowConfig.model_validate({"max_steps": 4}), tokenizer=tokenizer(), env_client=env,
+                         generate=ScriptedPolicy([f"FINAL ANSWER: {n(SUB.answer)}"]).generate, max_model_len=4096,
+                         tool_registry=ToolRegistry())
+        return await flow.run(EpisodeSpec(task_id=SUB.task_id, env_type="calc", group_id="g"), {"temperature": 1.0})
 
 
 def test_compare_with_env_true_needs_the_llm_source() -> None:

@@ -237,7 +237,7 @@ class ProgramEpisodes:
         return EpisodeResult(task_id=spec.task_id, env_type=spec.env_type, group_id=spec.group_id,
                              rollout_id=spec.rollout_id, instance_id=instance_id, termination=termination,
                              error=error, num_turns=calls.num_calls, reward=reward, samples=samples,
-                             messages=calls.messages(), metrics=metrics)
+                             messages=calls.messages(), metrics=metrics, played_task=spec.played_task)
 
 
 def _answer(value: Any) -> str | None:
@@ -275,4 +275,4 @@ def _failed(spec: EpisodeSpec, termination: Termination, error: str, instance_id
     return EpisodeResult(task_id=spec.task_id, env_type=spec.env_type, group_id=spec.group_id,
                          rollout_id=spec.rollout_id, instance_id=instance_id, termination=termination, error=error,
                          reward=Reward(description="no reward: the episode failed before the program ran"),
-                         metrics={"time/total_s": seconds})
+                         metrics={"time/total_s": seconds}, played_task=spec.played_task)

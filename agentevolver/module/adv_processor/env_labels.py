@@ -8,8 +8,10 @@ the environment's labels are exact where the environment knows what its task req
 
 Each sample's episode is labelled from its ``episode_record`` (``env_type``, ``task_id`` and the messages
 with their ``step`` fields; the episode's instance is released by then and not needed), one request per
-sample, all concurrently. As with the LLM judge, nothing here can fail a training step: a sample the
-environment cannot label (environment without the capability, a synthetic task it does not know, a step
+sample, all concurrently. A synthetic task's episode (Self-Questioning: played on its seed's ``task_id``
+with its own question) sends what was asked as ``params.task`` (``query``, and its ``ground_truth`` as
+``answer``: the record's ``played_task``), so an environment that can label it does (calc does). As with the LLM judge, nothing here can fail a training step: a sample the
+environment cannot label (environment without the capability, a synthetic task it cannot judge, a step
 count that does not match the sample's step ids, a service error) keeps its plain GRPO advantage and is
 counted (``adca/env/*``).
 """
@@ -175,8 +177,11 @@ class EnvStepLabeller:
         return result
 
     async def _one(self, record: Mapping[str, Any], count: int) -> tuple[list[bool] | None, EnvLabelStatus, str | None]:
+        played = record.get("played_task")
+        params = {"task": {"query": played.get("query"), "answer": played.get("ground_truth")}} if played else None
         try:
-            data = await self.client.astep_labels(str(record["env_type"]), str(record["task_id"]), record["messages"])
+            data = await self.client.astep_labels(str(record["env_type"]), str(record["task_id"]), record["messages"],
+                                                  params)
         except EnvClientError as err:
             if err.code == "capability_unsupported":
                 self._capable[str(record["env_type"])] = False

@@ -58,6 +58,15 @@ class EpisodeSpec(BaseModel):
     metadata: dict[str, Any] = Field(default_factory=dict)
     task: Task | None = None  # never None after validation (see the class docstring)
 
+    @property
+    def played_task(self) -> dict[str, Any] | None:
+        """What the episode was asked, when it is not the environment's own task (a synthetic task played
+        on its seed's id): ``{task_id, query, ground_truth}``, kept in the episode's record so that the
+        environment can label its steps (``/step_labels`` with ``params.task``); None otherwise."""
+        if self.task is None or self.task.task_id == self.task_id:
+            return None
+        return {"task_id": self.task.task_id, "query": self.task.query, "ground_truth": self.task.ground_truth}
+
     @model_validator(mode="after")
     def _environment_task(self) -> EpisodeSpec:
         if self.task is None:
@@ -90,6 +99,8 @@ class EpisodeResult(BaseModel):
     samples: list[Sample] = Field(default_factory=list)
     messages: list[dict[str, Any]] = Field(default_factory=list)
     metrics: dict[str, float] = Field(default_factory=dict)
+    #: :attr:`EpisodeSpec.played_task` of the episode's spec; None for the environment's own task.
+    played_task: dict[str, Any] | None = None
 
     @property
     def final_sample(self) -> Sample | None:
@@ -142,6 +153,7 @@ class EpisodeResult(BaseModel):
             "reward": self.reward.model_dump(),
             "success": self.success,
             "metrics": self.metrics,
+            "played_task": self.played_task,
         }
         record.update(_token_fields(self.final_sample))
         record["other_samples"] = [_token_fields(sample) for sample in self.samples[:-1]]

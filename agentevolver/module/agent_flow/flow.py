@@ -427,5 +427,5 @@ class AgentFlow:
         return EpisodeResult(
             task_id=spec.task_id, env_type=spec.env_type, group_id=spec.group_id, rollout_id=spec.rollout_id,
             instance_id=instance_id, termination=termination, error=error, num_turns=num_turns, reward=reward,
-            samples=samples, messages=messages, metrics=metrics,
+            samples=samples, messages=messages, metrics=metrics, played_task=spec.played_task,
         )

@@ -22,7 +22,9 @@ Episode protocol:
   default, sparse with the instance param ``sparse_reward: true`` (as in ``codebox``); ``info["score"]``
   repeats it.
 * ``label_steps`` (capability ``step_labels``, ``POST /step_labels``): GOOD/BAD for each agent step of a
-  finished episode, from what the question requires (:mod:`env_service.environments.calc.labels`).
+  finished episode, from what the question requires (:mod:`env_service.environments.calc.labels`); with
+  ``params.task`` (query and answer), of a synthetic task played on the id
+  (:mod:`env_service.environments.calc.played_task`).
 * ``write_tasks`` (capability ``task_writing``, ``POST /task_writing``): each successful tool call of an
   exploration as a question in the style of calc's own tasks, its result the answer
   (:mod:`env_service.environments.calc.task_writing`).
@@ -43,6 +45,7 @@ from env_service.actions import ActionCalls, read_tool_calls
 from env_service.base import BaseEnv, StepOutcome
 from env_service.environments.calc.answer import has_final_answer, parse_final_answer
 from env_service.environments.calc.labels import label_episode
+from env_service.environments.calc.played_task import played_task
 from env_service.environments.calc.prompts import (
     DEFAULT_DEMOS,
     MAX_DEMOS,
@@ -102,8 +105,9 @@ class CalcEnv(BaseEnv):
     @classmethod
     def label_steps(cls, task_id: str, messages: list[ChatMessage], params: dict[str, Any]) -> list[StepLabel]:
         """GOOD/BAD per agent step from what the task requires (capability ``step_labels``; rules:
-        :mod:`env_service.environments.calc.labels`)."""
-        return label_episode(get_task(task_id), messages)
+        :mod:`env_service.environments.calc.labels`). ``params.task`` labels a synthetic task played on this id
+        (:mod:`env_service.environments.calc.played_task`)."""
+        return label_episode(played_task(get_task(task_id), params), messages)
 
     @classmethod
     def write_tasks(cls, calls: list[ObservedCall], seed_query: str | None, limit: int | None) -> Rendering:

@@ -21,7 +21,8 @@ A step is GOOD when every call in it computes something the question asks for, a
   over a ``FINAL ANSWER`` in the same message, as in ``/step``.
 
 The labels are refused (:class:`~env_service.base.CannotLabel`) when the messages do not hold the task's
-question (a synthetic task run on this task id would be judged against the wrong question) or when a step
+question (a synthetic task played on this task id is labelled only when the request gives its question and
+answer: :mod:`env_service.environments.calc.played_task`) or when a step
 got tool results for calls its message does not show (a tool-call dialect other than ``tool_calls`` and
 hermes text: send the message with its parsed ``tool_calls``).
 """
@@ -187,7 +188,8 @@ def label_episode(task: CalcTask, messages: Sequence[ChatMessage]) -> list[StepL
     if not any(m.role == "user" and task.query in m.content for m in episode.context):
         raise CannotLabel(
             f"the episode's opening messages do not hold the question of calc task {task.task_id!r} "
-            f"({task.query!r}); calc labels only episodes of its own tasks (not a synthetic task run on this id)",
+            f"({task.query!r}); a synthetic task played on this id is labelled when params.task gives its query "
+            "and answer",
             field="messages")
     ground = _Ground.of(task)
     return [_label_step(ground, step) for step in episode.steps]
