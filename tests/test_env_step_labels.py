@@ -462,6 +462,19 @@ async def test_a_synthetic_tasks_episode_carries_its_question_to_the_environment
         labels = await EnvStepLabeller(None, env).fetch([record, without], [3, 3], [True, True], {"calc": True})
     assert labels.status == ["labelled", "cannot_label"] and labels.flags[0] == [True, False, True]
     assert "params.task" in labels.errors[0]
+    # judge.label_synthetic_tasks=false: the question is not sent, and the sample keeps plain GRPO
+    async with EnvClient(EnvClientSettings(env_url=service, max_retries=0)) as env:
+        off = await EnvStepLabeller(None, env, label_synthetic_tasks=False).fetch([record], [3], [True], {"calc": True})
+    assert off.status == ["cannot_label"]
+
+
+def test_the_stage_reads_label_synthetic_tasks(scripted_llm: ScriptedOpenAIServer) -> None:
+    for value, expected in (("true", True), ("false", False)):
+        config = stage_config("http://127.0.0.1:9", scripted_llm, "attribution_driven_credit_assignment.judge.source=env",
+                              f"attribution_driven_credit_assignment.judge.label_synthetic_tasks={value}")
+        stage = AdcaStage(config, 10)
+        assert stage.env_labeller._label_synthetic_tasks is expected
+        stage.close()
 
 
 async def play_own_task(service: str) -> Any:

@@ -190,14 +190,15 @@ class AdcaJudgeSection(_Section):
     """``attribution_driven_credit_assignment.judge``: who labels the steps and how the LLM judge is asked (the
     endpoint itself, with its timeout, transport retries, backoff and concurrency limit, is ``llm.roles.judge``).
 
-    ``source`` and ``compare_with_env`` have defaults (the YAML's) so that a config saved before they existed
-    still validates; ``compare_with_env: true`` needs ``source: llm`` (with ``env`` there is no LLM label).
+    ``source``, ``compare_with_env`` and ``label_synthetic_tasks`` have defaults (the YAML's) so that a config
+    saved before they existed still validates; ``compare_with_env: true`` needs ``source: llm`` (with ``env`` there is no LLM label).
     """
 
     parse_retries: int = Field(ge=0)
     max_message_chars: int = Field(ge=200)
     source: Literal["llm", "env"] = "llm"
     compare_with_env: Literal["auto"] | bool = "auto"
+    label_synthetic_tasks: bool = True
 
     @model_validator(mode="after")
     def _compare_needs_llm(self) -> AdcaJudgeSection:

@@ -10,7 +10,10 @@ Each sample's episode is labelled from its ``episode_record`` (``env_type``, ``t
 with their ``step`` fields; the episode's instance is released by then and not needed), one request per
 sample, all concurrently. A synthetic task's episode (Self-Questioning: played on its seed's ``task_id``
 with its own question) sends what was asked as ``params.task`` (``query``, and its ``ground_truth`` as
-``answer``: the record's ``played_task``), so an environment that can label it does (calc does). As with the LLM judge, nothing here can fail a training step: a sample the
+``answer``: the record's ``played_task``), so an environment that can label it does (calc does);
+``judge.label_synthetic_tasks: false`` leaves it out.
+
+As with the LLM judge, nothing here can fail a training step: a sample the
 environment cannot label (environment without the capability, a synthetic task it cannot judge, a step
 count that does not match the sample's step ids, a service error) keeps its plain GRPO advantage and is
 counted (``adca/env/*``).
@@ -86,11 +89,13 @@ class EnvStepLabeller:
 
     ``client`` is the trainer's environment client (built from the ``env_service`` section when None, on
     first use, so a stage that never asks needs no service). A capability answer is remembered for the
-    run; an unreachable service is asked again next time.
+    run; an unreachable service is asked again next time. ``label_synthetic_tasks``
+    (``judge.label_synthetic_tasks``) False leaves a synthetic task's question and answer out of the request.
     """
 
-    def __init__(self, env_section: Any, client: EnvClient | None = None) -> None:
+    def __init__(self, env_section: Any, client: EnvClient | None = None, *, label_synthetic_tasks: bool = True) -> None:
         self._section = env_section
+        self._label_synthetic_tasks = label_synthetic_tasks
         self._client = client
         self._owns_client = client is None
         self._capable: dict[str, bool] = {}
@@ -177,7 +182,7 @@ class EnvStepLabeller:
         return result
 
     async def _one(self, record: Mapping[str, Any], count: int) -> tuple[list[bool] | None, EnvLabelStatus, str | None]:
-        played = record.get("played_task")
+        played = record.get("played_task") if self._label_synthetic_tasks else None
         params = {"task": {"query": played.get("query"), "answer": played.get("ground_truth")}} if played else None
         try:
             data = await self.client.astep_labels(str(record["env_type"]), str(record["task_id"]), record["messages"],

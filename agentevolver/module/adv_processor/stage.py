@@ -121,7 +121,8 @@ class AdcaStage:
         self._llm = settings.llm
         self.source = self.judge_settings.source
         self.compare_with_env = self.judge_settings.compare_with_env
-        self.env_labeller = EnvStepLabeller(settings.env_service, env_client)
+        self.env_labeller = EnvStepLabeller(settings.env_service, env_client,
+                                            label_synthetic_tasks=self.judge_settings.label_synthetic_tasks)
 
     # ------------------------------------------------------------------ schedule
     def active(self, step: int) -> bool:
