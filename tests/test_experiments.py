@@ -33,7 +33,7 @@ from agentevolver.experiments.hold import PARENT_ENV, READY_FILE
 from agentevolver.experiments.plan import plan_ablation
 from agentevolver.experiments.report import write_report
 from agentevolver.experiments.spec import load_spec, parse_arms
-from agentevolver.experiments.state import STATE_FILE
+from agentevolver.experiments.state import STATE_FILE, RunState, relocate
 
 QUICKSTART = REPO_ROOT / "examples" / "quickstart.yaml"
 ABLATION = REPO_ROOT / "examples" / "ablation" / "quickstart.yaml"
@@ -254,6 +254,50 @@ def test_report_compares_each_arm_with_its_baseline_seed_by_seed(tmp_path: Path)
     assert [r["tasks"].get("tasks/written") for r in sq_runs] == [4.0, 4.0, None]
     with pytest.raises(ConfigError, match="baseline: no arm 'nope'"):
         load_spec(write_ablation(tmp_path, {"baseline": "nope", "arms": {"a": {}}}))
+
+
+def _checkout(root: Path, extra: list[str] | None = None) -> tuple[Path, list]:
+    """A checkout at ``root``: a preset, an ablation file naming it relatively, and the ablation's plan."""
+    (root / "examples" / "ablation").mkdir(parents=True)
+    (root / "examples" / "preset.yaml").write_text(QUICKSTART.read_text())
+    ablation = root / "examples" / "ablation" / "t.yaml"
+    ablation.write_text(yaml.safe_dump({"name": "t", "conf": "../preset.yaml", "arms": {"a": {}}}))
+    spec = load_spec(ablation)
+    plan = plan_ablation(spec, ablation, parse_arms(spec, None), [0], root / "ablations" / "t", extra or [])
+    return root, plan.runs
+
+
+def test_a_finished_ablation_in_a_moved_checkout_is_the_same_command(tmp_path: Path) -> None:
+    """The state file records absolute paths; a clone of the repository elsewhere holds the same runs."""
+    _, (old_run,) = _checkout(tmp_path / "old")
+    RunState(old_run).save(status="done")
+    assert f"trainer.default_local_dir={tmp_path / 'old'}" in old_run.overrides[-3]
+
+    new_root = tmp_path / "elsewhere" / "clone"
+    _, (new_run,) = _checkout(new_root)
+    (new_run.run_dir / STATE_FILE).parent.mkdir(parents=True)
+    (new_run.run_dir / STATE_FILE).write_text((old_run.run_dir / STATE_FILE).read_text())
+    RunState(new_run).check_same_command()  # the preset, the run folder and the records moved: the same run
+
+    _, (changed,) = _checkout(tmp_path / "third", ["x=1"])
+    (changed.run_dir / STATE_FILE).parent.mkdir(parents=True)
+    (changed.run_dir / STATE_FILE).write_text((old_run.run_dir / STATE_FILE).read_text())
+    with pytest.raises(ConfigError, match="was made with another command"):
+        RunState(changed).check_same_command()  # moved and changed: still refused
+
+
+def test_relocate_moves_only_paths_under_the_old_root() -> None:
+    old, new = Path("/a/repo/abl/t/runs/x/seed0"), Path("/b/c/abl/t/runs/x/seed0")
+    texts = ["/a/repo/preset.yaml", "trainer.default_local_dir=/a/repo/abl/t/runs/x/seed0", "k=/a/repository",
+             "k=/elsewhere/a/repo", "plain=1"]
+    assert relocate(texts, old, new) == ["/b/c/preset.yaml", "trainer.default_local_dir=/b/c/abl/t/runs/x/seed0",
+                                         "k=/a/repository", "k=/elsewhere/a/repo", "plain=1"]
+    # another --out (only runs/<arm>/seed<k> in common): only the ablation folder moves, not the preset
+    assert relocate(["/a/repo/preset.yaml", "r=/a/repo/abl/t/records"], old, Path("/o/runs/x/seed0")) == [
+        "/a/repo/preset.yaml", "r=/o/records"]
+    # another arm or seed: nothing moves
+    assert relocate(["k=/a/repo/abl"], old, Path("/b/c/abl/t/runs/y/seed0")) == ["k=/a/repo/abl"]
+    assert relocate(["k=/a/repo/abl"], None, new) == ["k=/a/repo/abl"]
 
 
 def test_the_services_holder_lets_go_when_the_ablation_is_gone(tmp_path: Path) -> None:

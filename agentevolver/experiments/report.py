@@ -365,11 +365,20 @@ def arm_rows(plan: AblationPlan, results: list[RunResult], env: str) -> list[lis
     return rows
 
 
+def _shown(path: Path) -> str:
+    """``path`` relative to the working directory when it lies under it (the report reads the same in any
+    checkout of the repository), else as it is."""
+    try:
+        return str(path.relative_to(Path.cwd()))
+    except ValueError:
+        return str(path)
+
+
 def render_markdown(plan: AblationPlan, results: list[RunResult], command_line: str) -> str:
     k = k_label(results)
     envs = environments(results)
     lines = [f"# Ablation `{plan.spec.name}`", "",
-             f"Training preset `{plan.spec.conf}`, ablation file `{plan.spec_path}`, seeds "
+             f"Training preset `{_shown(plan.spec.conf)}`, ablation file `{_shown(plan.spec_path)}`, seeds "
              f"{', '.join(map(str, plan.seeds))}; {sum(r.status == 'done' for r in results)} of {len(results)} runs "
              f"finished. Updated {now()}.", "",
              "```bash", command_line, "```", ""]

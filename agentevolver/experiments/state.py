@@ -20,7 +20,7 @@ from agentevolver.backends.cpu.precision import machine_summary
 from agentevolver.errors import ConfigError
 from agentevolver.experiments.plan import RunPlan
 
-__all__ = ["METRICS_FILE", "STATE_FILE", "RunState", "final_step_logged", "now", "read_metrics_file"]
+__all__ = ["METRICS_FILE", "STATE_FILE", "RunState", "final_step_logged", "now", "read_metrics_file", "relocate"]
 
 #: Per-run state file, in the run's folder.
 STATE_FILE = "ablation_run.json"
@@ -51,6 +51,39 @@ def final_step_logged(run_dir: Path, total_steps: int | None) -> bool:
     return any(key in line for key in _TRAINING_KEYS)
 
 
+def relocate(texts: list[str], old_run_dir: Path | None, new_run_dir: Path) -> list[str]:
+    """``texts`` with the paths of a checkout that moved rewritten to where it is now.
+
+    A run folder is ``<root>/<out>/runs/<arm>/seed<k>``: when the stored and the current run folder end in
+    the same relative path, their differing prefixes are the old and new checkout roots, and every text
+    under the old root is moved under the new one (the preset, the run folder, the records). When they share
+    less than the ablation's own folder, only that folder (``<out>``) is moved."""
+    if old_run_dir is None or old_run_dir == new_run_dir:
+        return list(texts)
+    old_parts, new_parts = old_run_dir.parts, new_run_dir.parts
+    common = 0
+    while (common < min(len(old_parts), len(new_parts)) - 1
+           and old_parts[-1 - common] == new_parts[-1 - common]):
+        common += 1
+    if common < 3:  # not even runs/<arm>/seed<k> in common: another run, compare as stored
+        return list(texts)
+    old_root = str(Path(*old_parts[:len(old_parts) - common]))
+    new_root = str(Path(*new_parts[:len(new_parts) - common]))
+    if common == 3:  # only runs/<arm>/seed<k>: the ablation folder itself moved (another --out)
+        old_root, new_root = str(old_run_dir.parents[2]), str(new_run_dir.parents[2])
+    return [_move_prefix(text, old_root, new_root) for text in texts]
+
+
+def _move_prefix(text: str, old_root: str, new_root: str) -> str:
+    """Each path in ``text`` (the whole text, or an override's value) under ``old_root`` moved to ``new_root``."""
+    key, sep, value = text.partition("=")
+    if sep and not key.startswith("/"):
+        return f"{key}={_move_prefix(value, old_root, new_root)}"
+    if text == old_root or text.startswith(old_root.rstrip("/") + "/"):
+        return new_root + text[len(old_root):]
+    return text
+
+
 class RunState:
     """``<run dir>/ablation_run.json``: the run's command, its attempts (start, end, wall time, exit status,
     the machine: :func:`~agentevolver.backends.cpu.precision.machine_summary`) and its status (new, running,
@@ -72,14 +105,28 @@ class RunState:
         return list(self.data.get("attempts", []))
 
     def check_same_command(self) -> None:
-        """A run folder made with other overrides or another preset is not this run: refuse to mix them."""
+        """A run folder made with other overrides or another preset is not this run: refuse to mix them.
+
+        The stored command holds absolute paths of the checkout it ran in; a clone of the same ablation
+        elsewhere (another checkout, a CI machine) is the same command, so the stored paths are moved to
+        this checkout first (:func:`relocate`)."""
         if not self.data:
             return
-        if self.data.get("overrides") != self.run.overrides or self.data.get("conf") != str(self.run.conf):
+        stored = relocate([str(self.data.get("conf")), *self.data.get("overrides", [])], self.stored_run_dir(),
+                          self.run.run_dir)
+        if stored != [str(self.run.conf), *self.run.overrides]:
             raise ConfigError(
                 f"run {self.run.key}: {self.path} was made with another command (the preset, the arm's or the "
                 f"shared overrides, or the command line's changed); use another --out, or delete "
                 f"{self.run.run_dir} to run it again with the new one")
+
+    def stored_run_dir(self) -> Path | None:
+        """The run folder as the stored command named it (its ``trainer.default_local_dir``), if it did."""
+        for override in self.data.get("overrides", []):
+            key, _, value = str(override).partition("=")
+            if key == "trainer.default_local_dir" and value:
+                return Path(value)
+        return None
 
     def is_done(self) -> bool:
         """Done per the state file, or finished according to its metrics (then the state file is written)."""
