@@ -237,3 +237,38 @@ def test_exist_train_on_an_empty_workspace_stops_at_start_up(service: Service) -
     ExperienceManager(exp, memory).check_memory()  # the run's own summaries will fill it: fine
     exp, memory = _settings("exp_mode=exist_train", f"memory.base_url=http://127.0.0.1:{free_port()}")
     ExperienceManager(exp, memory).check_memory()  # down: a warning, training runs without experience
+
+
+def test_a_run_from_step_0_builds_its_initial_memory_in_an_emptied_workspace(service: Service, llm) -> None:
+    """A killed run redone from scratch under the same experiment name must not retrieve its first attempt's
+    experiences too: the initial memory starts from an empty workspace, unless told to keep it."""
+    llm.reset()
+    llm.respond_with(task_summariser)
+
+    def leftover(workspace: str) -> int:
+        summarizer = BackgroundSummarizer(_client(service.url), workspace, batch_size=2)
+        try:
+            summarizer.submit([_episode("t1", 1.0), _episode("t2", 1.0)])
+            summarizer.wait()
+        finally:
+            summarizer.close()
+        return _client(service.url).workspaces()[workspace]
+
+    assert leftover("redo-ws") >= 1
+    exp, memory = _settings("exp_mode=init_train", f"memory.base_url={service.url}", "memory.workspace_id=redo-ws")
+    manager = ExperienceManager(exp, memory)
+    try:
+        metrics = manager.initial_summary([])  # no solved episode this time: the memory is empty after it
+    finally:
+        manager.close()
+    assert metrics["exp/init_cleared"] >= 1 and _client(service.url).workspaces().get("redo-ws", 0) == 0
+
+    kept = leftover("keep-ws")
+    exp, memory = _settings("exp_mode=init_train", "exp_manager.init_exp_clear_workspace=false",
+                            f"memory.base_url={service.url}", "memory.workspace_id=keep-ws")
+    manager = ExperienceManager(exp, memory)
+    try:
+        assert manager.initial_summary([])["exp/init_cleared"] == 0
+    finally:
+        manager.close()
+    assert _client(service.url).workspaces()["keep-ws"] == kept

@@ -130,6 +130,7 @@ class ExpManagerSection(_Section):
     init_exp_before_training: bool
     init_exp_max_tasks: int | None = Field(ge=1)
     init_exp_only: bool
+    init_exp_clear_workspace: bool
     summary_batch_size: int = Field(ge=1)
     seed: int
 

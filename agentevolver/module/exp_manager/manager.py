@@ -217,6 +217,7 @@ class ExperienceManager:
         rolled out once without experience, :func:`agentevolver.verl.rollout_manager.initial_rollouts`) and wait
         for the memory to be written, so the first step can retrieve from it."""
         started = time.perf_counter()
+        cleared = self.clear_workspace() if self.exp.init_exp_clear_workspace else 0
         episodes = 0
         for output in rollouts:
             trajectories = self.trajectories(output)
@@ -225,12 +226,31 @@ class ExperienceManager:
                 self.summarizer.submit(trajectories)
         metrics = self.summarizer.wait()
         metrics["exp/init_episodes"] = float(episodes)
+        metrics["exp/init_cleared"] = float(cleared)
         metrics["exp/init_s"] = time.perf_counter() - started
         logger.info("Self-Navigating: initial memory built in %.0f s: %d experiences stored, %d requests failed",
                     metrics["exp/init_s"], int(metrics["exp/summary_stored"]), int(metrics["exp/summary_failed"]))
         self._carry.update({k: v for k, v in metrics.items() if k.startswith("exp/init")
                             or k.endswith("_total")})
         return metrics
+
+    def clear_workspace(self) -> int:
+        """``init_exp_clear_workspace``: delete what the workspace holds before the initial memory is built;
+        returns how many experiences were deleted. A service that does not answer is a warning: the initial
+        summaries will count their own failures."""
+        try:
+            count = self.client.workspaces().get(self.workspace_id, 0)
+            if count:
+                self.client.delete_workspace(self.workspace_id)
+        except (ServiceClientError, OSError) as err:
+            logger.warning("Self-Navigating: could not clear workspace %r at %s before the initial memory (%s)",
+                           self.workspace_id, self.memory.base_url, err)
+            return 0
+        if count:
+            logger.warning("Self-Navigating: deleted %d experiences left in workspace %r by an earlier run, so this "
+                           "run starts from its own initial memory (exp_manager.init_exp_clear_workspace=false keeps "
+                           "them)", count, self.workspace_id)
+        return int(count)
 
     def close(self, wait: bool = True) -> None:
         """At the end of the run: let queued summaries finish (the last steps' episodes belong in the memory
