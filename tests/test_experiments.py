@@ -30,8 +30,9 @@ from agentevolver.backends.cpu.precision import machine_summary
 from agentevolver.errors import ConfigError
 from agentevolver.experiments.cli import main
 from agentevolver.experiments.hold import PARENT_ENV, READY_FILE
-from agentevolver.experiments.plan import plan_ablation
+from agentevolver.experiments.plan import AblationPlan, plan_ablation
 from agentevolver.experiments.report import write_report
+from agentevolver.experiments.runner import Runner
 from agentevolver.experiments.spec import load_spec, parse_arms
 from agentevolver.experiments.state import STATE_FILE, RunState, relocate
 
@@ -300,6 +301,30 @@ def test_relocate_moves_only_paths_under_the_old_root() -> None:
     assert relocate(["k=/a/repo/abl"], None, new) == ["k=/a/repo/abl"]
 
 
+def test_a_run_redone_from_step_0_sets_its_old_metrics_aside_and_counts_only_its_own_time(tmp_path: Path) -> None:
+    _, (run,) = _checkout(tmp_path)
+    state = RunState(run)
+    state.save(status="failed", attempts=[{"wall_s": 100.0, "from_step": 0}, {"wall_s": 40.0, "from_step": 0},
+                                          {"wall_s": 30.0, "from_step": 2}])
+    assert state.wall_s() == 70.0  # the second attempt started again from scratch; the third resumed it
+    state.save(attempts=[{"wall_s": 100.0}, {"wall_s": 40.0}])
+    assert state.wall_s() == 140.0  # recorded before from_step existed: all of them
+
+    (run.run_dir / "metrics.jsonl").write_text(json.dumps({"step": 0, "old/key": 1.0}) + "\n")
+    console = io.StringIO()
+    Runner(plan_of(run), Console(file=console)).set_aside_metrics(run, 3)
+    assert not (run.run_dir / "metrics.jsonl").exists()
+    assert "old/key" in (run.run_dir / "metrics.before-attempt3.jsonl").read_text()
+    assert "metrics.before-attempt3.jsonl" in console.getvalue()
+
+
+def plan_of(run) -> AblationPlan:
+    """A plan around one run (what the runner's console messages need)."""
+    spec = load_spec(run.conf.parent / "ablation" / "t.yaml")
+    return plan_ablation(spec, run.conf.parent / "ablation" / "t.yaml", parse_arms(spec, None), [run.seed],
+                         run.run_dir.parents[2], [])
+
+
 def test_the_services_holder_lets_go_when_the_ablation_is_gone(tmp_path: Path) -> None:
     gone = subprocess.Popen([sys.executable, "-c", "pass"])
     gone.wait()
@@ -375,6 +400,7 @@ def test_two_arm_ablation_trains_reports_and_resumes_without_redoing_finished_ru
     assert len(_state(grpo)["attempts"]) == 1 and (grpo / "metrics.jsonl").read_bytes() == grpo_metrics
     assert _state(lr_high)["status"] == "done" and _state(lr_high)["attempts"][-1]["exit_code"] == 0
     assert _state(lr_high)["attempts"][-1]["machine"] == machine_summary()  # the report's machine column
+    assert _state(lr_high)["attempts"][-1]["from_step"] == 0  # no checkpoints (save_freq -1): from scratch
 
     # services: started once by the services launch, reused by every run, stopped at the end
     records = out / "records"

@@ -23,13 +23,15 @@ import time
 import uuid
 from collections.abc import Callable
 
+from omegaconf import OmegaConf
 from rich.console import Console
 from rich.text import Text
 
 from agentevolver.experiments.hold import PARENT_ENV, READY_FILE
 from agentevolver.experiments.plan import AblationPlan, RunPlan
 from agentevolver.experiments.report import collect
-from agentevolver.experiments.state import RunState, final_step_logged
+from agentevolver.experiments.state import METRICS_FILE, RunState, final_step_logged
+from agentevolver.finished_run import checkpoint_step
 from agentevolver.launcher.processes import Unit, exit_status, start_unit, stop_units, sweep_launch
 from agentevolver.launcher.services import tail
 from agentevolver.launcher.signals import SignalFlags
@@ -141,9 +143,15 @@ class Runner:
         state = RunState(run)
         attempt = len(state.attempts) + 1
         log = self.logs / f"{run.arm}-seed{run.seed}.{attempt}.log"
-        again = f" (attempt {attempt}: resumes from its latest checkpoint, if any)" if attempt > 1 else ""
+        from_step = checkpoint_step(OmegaConf.create({"resume_mode": "auto", "default_local_dir": str(run.run_dir)}))
+        again = ""
+        if attempt > 1:
+            again = (f" (attempt {attempt}: resumes from its checkpoint of step {from_step})" if from_step else
+                     f" (attempt {attempt}: no checkpoint, so from step 0)")
         self.say(f"{counter} {run.key}{again}: log {log}")
-        state.begin(log)
+        if not from_step:
+            self.set_aside_metrics(run, attempt)
+        state.begin(log, from_step or 0)
         started = time.monotonic()
         unit = start_unit(run.key, run.argv, env={**os.environ}, launch_id=self.launch_id, log_path=log)
         forwarded = 0
@@ -176,6 +184,17 @@ class Runner:
             self.say(f"{run.key}: failed ({reason}); log: {log}", "bold red")
             return code or RUN_FAILED
         return 0 if code == 0 else code
+
+
+    def set_aside_metrics(self, run: RunPlan, attempt: int) -> None:
+        """A run that starts from step 0 again writes a new ``metrics.jsonl``: the earlier attempts' one is kept
+        as ``metrics.before-attempt<N>.jsonl`` (appending to it would leave keys only they logged in the
+        run's steps)."""
+        metrics = run.run_dir / METRICS_FILE
+        if metrics.is_file():
+            kept = metrics.with_name(f"metrics.before-attempt{attempt}.jsonl")
+            metrics.replace(kept)
+            self.say(f"{run.key}: starts from step 0, so the earlier attempts' metrics are kept as {kept.name}")
 
 
 def describe_run(plan: AblationPlan, run: RunPlan) -> str:

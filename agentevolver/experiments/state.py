@@ -4,8 +4,9 @@ A run is **done** when its state file says so (written after its launch exited 0
 ``metrics.jsonl``), or when ``metrics.jsonl`` already holds the final training step (the run finished but
 the ablation was killed before it wrote the state). verl logs a step's line after that step's validation
 and checkpoint, so the final step's line means the run is complete. Anything else is redone: the same
-command again, with ``trainer.resume_mode=auto`` (verl continues after the run's latest checkpoint, or
-starts afresh when there is none; ``metrics.jsonl`` is appended to and its last line of a step wins).
+command again, with ``trainer.resume_mode=auto``: verl continues after the run's latest checkpoint
+(``metrics.jsonl`` is appended to and its last line of a step wins), or starts afresh when there is none
+(the runner first sets the old ``metrics.jsonl`` aside as ``metrics.before-attempt<N>.jsonl``).
 """
 
 from __future__ import annotations
@@ -139,9 +140,10 @@ class RunState:
             return True
         return False
 
-    def begin(self, log: Path) -> None:
+    def begin(self, log: Path, from_step: int = 0) -> None:
+        """A new attempt starts; ``from_step`` is the checkpoint step it resumes from (0: from scratch)."""
         attempts = self.attempts
-        attempts.append({"started": now(), "log": str(log), "machine": machine_summary()})
+        attempts.append({"started": now(), "log": str(log), "machine": machine_summary(), "from_step": from_step})
         self.save(status="running", attempts=attempts)
 
     def end(self, exit_code: int, wall_s: float, status: str, reason: str | None = None) -> None:
@@ -169,6 +171,10 @@ class RunState:
         return found
 
     def wall_s(self) -> float | None:
-        """Summed wall time of the attempts that ended (None when none did)."""
-        times = [a["wall_s"] for a in self.attempts if isinstance(a.get("wall_s"), int | float)]
+        """Summed wall time of the attempts that ended, from the last one that started from scratch on (an
+        attempt redone from step 0 throws the earlier ones' training away; one that resumed a checkpoint
+        continues it); None when none ended. Attempts recorded without ``from_step`` all count."""
+        attempts = self.attempts
+        fresh = [i for i, a in enumerate(attempts) if a.get("from_step") == 0]
+        times = [a["wall_s"] for a in attempts[fresh[-1] if fresh else 0:] if isinstance(a.get("wall_s"), int | float)]
         return float(sum(times)) if times else None
