@@ -119,6 +119,7 @@ def test_init_train_update_guides_half_strips_them_and_grows_the_memory(env, mem
     assert sorted(steps) == [1, 2]
     first = steps[1]
     assert first["exp/init_episodes"] == 4  # 2 training tasks x 2 episodes, rolled out before step 1
+    assert first["exp/init_cleared"] == 0  # a new workspace: nothing left by an earlier run to delete
     for metrics in steps.values():
         assert metrics["exp/injected_share"] == 0.5  # mixed, ratio 0.5: one of each group's two rollouts
         assert metrics["exp/stripped_share"] == 0.5  # alldiscard: every guided sample trained without it
