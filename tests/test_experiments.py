@@ -31,7 +31,7 @@ from agentevolver.errors import ConfigError
 from agentevolver.experiments.cli import main
 from agentevolver.experiments.hold import PARENT_ENV, READY_FILE
 from agentevolver.experiments.plan import AblationPlan, plan_ablation
-from agentevolver.experiments.report import write_report
+from agentevolver.experiments.report import _y_range, write_report
 from agentevolver.experiments.runner import Runner
 from agentevolver.experiments.spec import load_spec, parse_arms
 from agentevolver.experiments.state import STATE_FILE, RunState, relocate
@@ -204,6 +204,13 @@ def test_report_table_curves_and_commands(tmp_path: Path) -> None:
     readme = (plan.out / "README.md").read_text()
     assert "| sa | 2/2 | 35.0 ± 7.1 | 60.0 ± 42.4 |" in readme  # sa seed 1 finished since (its final step)
     assert json.loads((sa1.run_dir / STATE_FILE).read_text())["status"] == "done"
+
+
+def test_the_curves_axis_spans_the_values_so_a_few_points_show() -> None:
+    assert _y_range([42.2, 46.1]) == (37.2, 51.1)  # 5 points either side
+    assert _y_range([50.0]) == (45.0, 55.0)  # at least 10 points wide
+    assert _y_range([0.0, 100.0]) == (-2.0, 102.0)  # never past 0-100 (with the edge's 2 points)
+    assert _y_range([]) == (-2.0, 102.0)
 
 
 def test_report_compares_each_arm_with_its_baseline_seed_by_seed(tmp_path: Path) -> None:

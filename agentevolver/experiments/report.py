@@ -463,7 +463,8 @@ def render_markdown(plan: AblationPlan, results: list[RunResult], command_line: 
 def plot_curves(plan: AblationPlan, results: list[RunResult], path: Path) -> None:
     """``curves.png``: one panel per environment, one line per arm (the mean over its finished seeds at each
     validation step, shaded ±1 std where there are two or more), every seed as a thin line (dashed while
-    the run is unfinished)."""
+    the run is unfinished). The y axis spans the plotted values with 5 points to spare (at least 10 points,
+    within 0-100%), so the few points that separate arms stay visible; an axis from 0 to 100 flattened them."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -475,11 +476,13 @@ def plot_curves(plan: AblationPlan, results: list[RunResult], path: Path) -> Non
     fig, axes = plt.subplots(1, len(envs), figsize=(6.4 * len(envs), 4.4), squeeze=False)
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     for ax, env in zip(axes[0], envs, strict=True):
+        plotted: list[float] = []
         for index, arm in enumerate(plan.arms):
             color = colors[index % len(colors)]
             runs = [r for r in results if r.run.arm == arm.name and r.avg.get(env)]
             for r in runs:
                 steps = sorted(r.avg[env])
+                plotted += [100 * r.avg[env][s] for s in steps]
                 ax.plot(steps, [100 * r.avg[env][s] for s in steps], color=color, alpha=0.3, linewidth=0.8,
                         linestyle="-" if r.status == "done" else "--")
             finished = [r for r in runs if r.status == "done"]
@@ -489,6 +492,7 @@ def plot_curves(plan: AblationPlan, results: list[RunResult], path: Path) -> Non
             per_step = [[r.avg[env][s] for r in finished if s in r.avg[env]] for s in steps]
             mean = [100 * statistics.fmean(v) for v in per_step]
             sd = [100 * statistics.stdev(v) if len(v) > 1 else 0.0 for v in per_step]
+            plotted += [m + d for m, d in zip(mean, sd, strict=True)] + [m - d for m, d in zip(mean, sd, strict=True)]
             ax.plot(steps, mean, color=color, marker="o", linewidth=2, label=f"{arm.name} (n={len(finished)})")
             if any(sd):
                 ax.fill_between(steps, [m - d for m, d in zip(mean, sd, strict=True)],
@@ -496,7 +500,7 @@ def plot_curves(plan: AblationPlan, results: list[RunResult], path: Path) -> Non
         ax.set_title(f"{plan.spec.name}: {env}")
         ax.set_xlabel("training step")
         ax.set_ylabel(f"validation success avg@{k} (%)")
-        ax.set_ylim(-2, 102)
+        ax.set_ylim(*_y_range(plotted))
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.grid(alpha=0.3)
         if ax.get_legend_handles_labels()[0]:
@@ -504,6 +508,18 @@ def plot_curves(plan: AblationPlan, results: list[RunResult], path: Path) -> Non
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
+
+
+def _y_range(values: list[float], spare: float = 5.0, least: float = 10.0) -> tuple[float, float]:
+    """The y limits of a curves panel: ``values`` (percent) with ``spare`` points either side, at least
+    ``least`` wide, clipped to -2..102; the whole range when nothing is plotted."""
+    if not values:
+        return -2.0, 102.0
+    low, high = min(values) - spare, max(values) + spare
+    if high - low < least:
+        middle = (low + high) / 2
+        low, high = middle - least / 2, middle + least / 2
+    return max(-2.0, low), min(102.0, high)
 
 
 def render_commands(plan: AblationPlan, command_line: str) -> str:
