@@ -30,7 +30,8 @@ class _TenTasks(BaseEnv):
 
 
 class _Echo(_TenTasks):
-    """Echoes the action; ``bye`` ends the episode; ``crash`` / ``hang`` / ``raise`` misbehave."""
+    """Echoes the action; ``bye`` ends the episode; ``crash`` / ``hang`` / ``raise`` misbehave; ``bye-crash``
+    ends it and crashes the instance at /evaluate."""
 
     def __init__(self, task_id: str, instance_id: str, params: dict) -> None:
         if task_id not in TASKS:
@@ -39,6 +40,7 @@ class _Echo(_TenTasks):
             time.sleep(3600)
         super().__init__(task_id, instance_id, params)
         self.said_bye = False
+        self.crash_on_evaluate = False
         self.steps = 0
 
     def reset(self) -> list[ChatMessage]:
@@ -53,10 +55,14 @@ class _Echo(_TenTasks):
         if action.content == "raise":
             raise RuntimeError("the environment has a bug")
         self.said_bye = action.content == "bye"
-        return StepOutcome(state=[ChatMessage(role="user", content=f"echo: {action.content}")],
-                           reward=0.0, is_terminated=self.said_bye, info={"steps": self.steps, "pid": os.getpid()})
+        self.crash_on_evaluate = action.content == "bye-crash"
+        return StepOutcome(state=[ChatMessage(role="user", content=f"echo: {action.content}")], reward=0.0,
+                           is_terminated=self.said_bye or self.crash_on_evaluate,
+                           info={"steps": self.steps, "pid": os.getpid()})
 
     def evaluate(self, sparse: bool) -> float:
+        if self.crash_on_evaluate:
+            os._exit(13)
         return 1.0 if self.said_bye else (0.0 if sparse else 0.5)
 
 

@@ -212,6 +212,22 @@ async def test_an_episode_whose_environment_failed_runs_again_from_its_start(env
     assert live_instances(service) == 0
 
 
+async def test_an_episode_whose_evaluate_failed_runs_again_from_its_start(env: EnvClient, service: str) -> None:
+    """An /evaluate that fails (the service died as the episode ended) leaves no reward to train on: the
+    episode is an env failure and runs again, as one whose /step failed does."""
+    gave_up = await run_one(make_flow(env, ScriptedPolicy(["bye-crash"]), episode_retries=0),
+                            spec(env_type="echo_process"))
+    assert gave_up.failure == "env" and gave_up.metrics["episode/evaluate_errors"] == 1
+    assert gave_up.metrics["episode/restarts"] == 0 and gave_up.reward.outcome == 0.0
+    policy = ScriptedPolicy(["bye-crash", "bye"])
+    result = await run_one(make_flow(env, policy, episode_retries=1, episode_retry_backoff_s=0.0),
+                           spec(env_type="echo_process"))
+    assert result.failure is None and result.metrics["episode/restarts"] == 1
+    assert result.reward.outcome == 1.0 and result.metrics.get("episode/evaluate_errors", 0) == 0
+    check_invariants(result)
+    assert live_instances(service) == 0
+
+
 async def test_failed_create_is_an_env_error_episode_without_samples(env: EnvClient) -> None:
     result = await run_one(make_flow(env, ScriptedPolicy([]), episode_retries=0), spec(task_id="no-such-task"))
     assert result.termination == "env_error" and "no-such-task" in result.error

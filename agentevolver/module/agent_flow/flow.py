@@ -165,20 +165,22 @@ class AgentFlow:
     async def run(self, spec: EpisodeSpec, sampling_params: Mapping[str, Any]) -> EpisodeResult:
         """Run one episode; never raises for environment, model or tool failures (see ``termination``).
 
-        An attempt whose environment failed (``env_error``: /create failed, the instance was lost) is run
-        again from the start, at most ``agent_flow.episode_retries`` times after a doubling back-off: an env
+        An attempt whose environment failed (``env_error``: /create failed, the instance was lost; or its
+        /evaluate failed, so it has no reward to train on: ``EpisodeResult.failure == "env"``) is run again
+        from the start, at most ``agent_flow.episode_retries`` times after a doubling back-off: an env
         service that died and was started again by the launcher has lost its instances, and a fresh attempt
         with the same weights is as on-policy as the first. The dropped attempts are ``episode/restarts``.
         """
         retries = 0
         while True:
             result = await self._attempt(spec, sampling_params)
-            if result.termination != "env_error" or retries >= self.config.episode_retries:
+            if result.failure != "env" or retries >= self.config.episode_retries:
                 break
             delay = self.config.episode_retry_backoff_s * 2 ** retries
             retries += 1
             logger.warning("episode %s/%s: the environment failed (%s); running it again in %g s (retry %d of %d)",
-                           spec.task_id, spec.rollout_id, result.error, delay, retries, self.config.episode_retries)
+                           spec.task_id, spec.rollout_id, result.error or result.reward.description, delay, retries,
+                           self.config.episode_retries)
             await asyncio.sleep(delay)
         result.metrics["episode/restarts"] = float(retries)
         return result
