@@ -19,7 +19,7 @@ from typing import Any
 
 from omegaconf import DictConfig
 
-__all__ = ["already_trained_message", "checkpoint_step", "finished_message"]
+__all__ = ["already_trained_message", "checkpoint_step", "finished_message", "latest_checkpoint_step"]
 
 #: The file verl writes next to its ``global_step_<N>`` folders.
 LATEST_FILE = "latest_checkpointed_iteration.txt"
@@ -38,7 +38,13 @@ def checkpoint_step(trainer: Any) -> int | None:
             return int(path.rstrip("/").split("global_step_")[-1])
         except ValueError:
             return None
-    folder = Path(str(trainer.default_local_dir)).expanduser()
+    return latest_checkpoint_step(Path(str(trainer.default_local_dir)))
+
+
+def latest_checkpoint_step(folder: Path) -> int | None:
+    """The step of the newest checkpoint in the run folder ``folder`` (what ``resume_mode: auto`` resumes
+    from), or None when it holds none."""
+    folder = folder.expanduser()
     if not folder.is_absolute():
         folder = Path(os.getcwd()) / folder
     try:

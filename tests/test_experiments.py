@@ -264,30 +264,30 @@ def test_report_compares_each_arm_with_its_baseline_seed_by_seed(tmp_path: Path)
         load_spec(write_ablation(tmp_path, {"baseline": "nope", "arms": {"a": {}}}))
 
 
-def _checkout(root: Path, extra: list[str] | None = None) -> tuple[Path, list]:
-    """A checkout at ``root``: a preset, an ablation file naming it relatively, and the ablation's plan."""
+def _checkout(root: Path, extra: list[str] | None = None) -> list:
+    """A checkout at ``root`` (a preset, an ablation file naming it relatively): the runs of its ablation."""
     (root / "examples" / "ablation").mkdir(parents=True)
     (root / "examples" / "preset.yaml").write_text(QUICKSTART.read_text())
     ablation = root / "examples" / "ablation" / "t.yaml"
     ablation.write_text(yaml.safe_dump({"name": "t", "conf": "../preset.yaml", "arms": {"a": {}}}))
     spec = load_spec(ablation)
     plan = plan_ablation(spec, ablation, parse_arms(spec, None), [0], root / "ablations" / "t", extra or [])
-    return root, plan.runs
+    return plan.runs
 
 
 def test_a_finished_ablation_in_a_moved_checkout_is_the_same_command(tmp_path: Path) -> None:
     """The state file records absolute paths; a clone of the repository elsewhere holds the same runs."""
-    _, (old_run,) = _checkout(tmp_path / "old")
+    (old_run,) = _checkout(tmp_path / "old")
     RunState(old_run).save(status="done")
     assert f"trainer.default_local_dir={tmp_path / 'old'}" in old_run.overrides[-3]
 
     new_root = tmp_path / "elsewhere" / "clone"
-    _, (new_run,) = _checkout(new_root)
+    (new_run,) = _checkout(new_root)
     (new_run.run_dir / STATE_FILE).parent.mkdir(parents=True)
     (new_run.run_dir / STATE_FILE).write_text((old_run.run_dir / STATE_FILE).read_text())
     RunState(new_run).check_same_command()  # the preset, the run folder and the records moved: the same run
 
-    _, (changed,) = _checkout(tmp_path / "third", ["x=1"])
+    (changed,) = _checkout(tmp_path / "third", ["x=1"])
     (changed.run_dir / STATE_FILE).parent.mkdir(parents=True)
     (changed.run_dir / STATE_FILE).write_text((old_run.run_dir / STATE_FILE).read_text())
     with pytest.raises(ConfigError, match="was made with another command"):
@@ -309,7 +309,7 @@ def test_relocate_moves_only_paths_under_the_old_root() -> None:
 
 
 def test_a_run_redone_from_step_0_sets_its_old_metrics_aside_and_counts_only_its_own_time(tmp_path: Path) -> None:
-    _, (run,) = _checkout(tmp_path)
+    (run,) = _checkout(tmp_path)
     state = RunState(run)
     state.save(status="failed", attempts=[{"wall_s": 100.0, "from_step": 0}, {"wall_s": 40.0, "from_step": 0},
                                           {"wall_s": 30.0, "from_step": 2}])

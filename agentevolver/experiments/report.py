@@ -482,8 +482,9 @@ def plot_curves(plan: AblationPlan, results: list[RunResult], path: Path) -> Non
             runs = [r for r in results if r.run.arm == arm.name and r.avg.get(env)]
             for r in runs:
                 steps = sorted(r.avg[env])
-                plotted += [100 * r.avg[env][s] for s in steps]
-                ax.plot(steps, [100 * r.avg[env][s] for s in steps], color=color, alpha=0.3, linewidth=0.8,
+                values = [100 * r.avg[env][s] for s in steps]
+                plotted += values
+                ax.plot(steps, values, color=color, alpha=0.3, linewidth=0.8,
                         linestyle="-" if r.status == "done" else "--")
             finished = [r for r in runs if r.status == "done"]
             steps = sorted({s for r in finished for s in r.avg[env]})
@@ -492,11 +493,12 @@ def plot_curves(plan: AblationPlan, results: list[RunResult], path: Path) -> Non
             per_step = [[r.avg[env][s] for r in finished if s in r.avg[env]] for s in steps]
             mean = [100 * statistics.fmean(v) for v in per_step]
             sd = [100 * statistics.stdev(v) if len(v) > 1 else 0.0 for v in per_step]
-            plotted += [m + d for m, d in zip(mean, sd, strict=True)] + [m - d for m, d in zip(mean, sd, strict=True)]
+            lower = [m - d for m, d in zip(mean, sd, strict=True)]
+            upper = [m + d for m, d in zip(mean, sd, strict=True)]
+            plotted += lower + upper
             ax.plot(steps, mean, color=color, marker="o", linewidth=2, label=f"{arm.name} (n={len(finished)})")
             if any(sd):
-                ax.fill_between(steps, [m - d for m, d in zip(mean, sd, strict=True)],
-                                [m + d for m, d in zip(mean, sd, strict=True)], color=color, alpha=0.15)
+                ax.fill_between(steps, lower, upper, color=color, alpha=0.15)
         ax.set_title(f"{plan.spec.name}: {env}")
         ax.set_xlabel("training step")
         ax.set_ylabel(f"validation success avg@{k} (%)")

@@ -23,7 +23,6 @@ import time
 import uuid
 from collections.abc import Callable
 
-from omegaconf import OmegaConf
 from rich.console import Console
 from rich.text import Text
 
@@ -31,7 +30,7 @@ from agentevolver.experiments.hold import PARENT_ENV, READY_FILE
 from agentevolver.experiments.plan import AblationPlan, RunPlan
 from agentevolver.experiments.report import collect
 from agentevolver.experiments.state import METRICS_FILE, RunState, final_step_logged
-from agentevolver.finished_run import checkpoint_step
+from agentevolver.finished_run import latest_checkpoint_step
 from agentevolver.launcher.processes import Unit, exit_status, start_unit, stop_units, sweep_launch
 from agentevolver.launcher.services import tail
 from agentevolver.launcher.signals import SignalFlags
@@ -143,7 +142,7 @@ class Runner:
         state = RunState(run)
         attempt = len(state.attempts) + 1
         log = self.logs / f"{run.arm}-seed{run.seed}.{attempt}.log"
-        from_step = checkpoint_step(OmegaConf.create({"resume_mode": "auto", "default_local_dir": str(run.run_dir)}))
+        from_step = latest_checkpoint_step(run.run_dir)  # the runner launches with trainer.resume_mode=auto
         again = ""
         if attempt > 1:
             again = (f" (attempt {attempt}: resumes from its checkpoint of step {from_step})" if from_step else
@@ -184,7 +183,6 @@ class Runner:
             self.say(f"{run.key}: failed ({reason}); log: {log}", "bold red")
             return code or RUN_FAILED
         return 0 if code == 0 else code
-
 
     def set_aside_metrics(self, run: RunPlan, attempt: int) -> None:
         """A run that starts from step 0 again writes a new ``metrics.jsonl``: the earlier attempts' one is kept

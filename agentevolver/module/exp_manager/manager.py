@@ -239,9 +239,7 @@ class ExperienceManager:
         returns how many experiences were deleted. A service that does not answer is a warning: the initial
         summaries will count their own failures."""
         try:
-            count = self.client.workspaces().get(self.workspace_id, 0)
-            if count:
-                self.client.delete_workspace(self.workspace_id)
+            count = int((self.client.delete_workspace(self.workspace_id) or {}).get("deleted", 0))
         except (ServiceClientError, OSError) as err:
             logger.warning("Self-Navigating: could not clear workspace %r at %s before the initial memory (%s)",
                            self.workspace_id, self.memory.base_url, err)
@@ -250,7 +248,7 @@ class ExperienceManager:
             logger.warning("Self-Navigating: deleted %d experiences left in workspace %r by an earlier run, so this "
                            "run starts from its own initial memory (exp_manager.init_exp_clear_workspace=false keeps "
                            "them)", count, self.workspace_id)
-        return int(count)
+        return count
 
     def close(self, wait: bool = True) -> None:
         """At the end of the run: let queued summaries finish (the last steps' episodes belong in the memory
