@@ -126,10 +126,10 @@ def _runtime_env_vars_as_text(cfg: DictConfig) -> None:
 def _one_adca_switch(cfg: DictConfig) -> None:
     """ADCA's switch is ``algorithm.adv_estimator=adca_grpo``; the old one (``attribution_driven_credit_assignment
     .enable=true`` with GRPO) still works: it becomes the new one, with a one-line notice."""
-    from agentevolver.module.adv_processor import ADCA_ESTIMATOR
+    from agentevolver.config.estimators import ADCA_ESTIMATOR, in_family
 
     section = cfg.get("attribution_driven_credit_assignment") or {}
-    if section.get("enable", False) and str(cfg.algorithm.adv_estimator) in ("grpo", "grpo_vectorized"):
+    if section.get("enable", False) and in_family(cfg.algorithm.adv_estimator, "plain_grpo"):
         print(f"[agentevolver] notice: attribution_driven_credit_assignment.enable=true is the old switch of ADCA; "
               f"it is algorithm.adv_estimator={ADCA_ESTIMATOR} now (set that instead; same training)", file=sys.stderr)
         with open_dict(cfg):

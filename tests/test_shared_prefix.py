@@ -335,7 +335,7 @@ def _switch_config(**values: object) -> DictConfig:
 
 def test_the_trainer_and_the_engine_use_one_switch_name() -> None:
     from agentevolver.verl.shared_prefix.engine import SWITCH
-    from agentevolver.verl.step.trainer import SHARED_PROMPTS
+    from agentevolver.verl.step.sample_rows import SHARED_PROMPTS
 
     assert SHARED_PROMPTS == SWITCH == "use_prefix_grouper"
 

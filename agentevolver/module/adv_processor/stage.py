@@ -42,6 +42,7 @@ from omegaconf import DictConfig
 from agentevolver.client.env_client import EnvClient
 from agentevolver.client.llm_client import LLMClient, client_for_role
 from agentevolver.config import validate_config
+from agentevolver.config.estimators import ADCA_ESTIMATOR, in_family
 from agentevolver.errors import ConfigError
 from agentevolver.module.adv_processor.adca_grpo import (
     AdcaHyper,
@@ -67,11 +68,6 @@ logger = logging.getLogger(__name__)
 
 #: The LLM role (``llm.roles.<role>``) that labels steps.
 JUDGE_ROLE = "judge"
-#: The advantage estimator that is ADCA-GRPO (``algorithm.adv_estimator=adca_grpo``, registered in verl by
-#: :mod:`agentevolver.verl.step.advantage`): the one switch of Self-Attributing.
-ADCA_ESTIMATOR = "adca_grpo"
-#: Estimators whose advantages are plain GRPO (the fallback and the outcome part).
-_GRPO_ESTIMATORS = {"grpo", "grpo_vectorized", ADCA_ESTIMATOR}
 
 
 def adca_on(adv_estimator: object, enable: object) -> bool:
@@ -111,7 +107,7 @@ class AdcaStage:
         self.grpo = section.adca_grpo
         self.decay_steps = self.grpo.total_steps or max(int(total_training_steps), 1)
         self.norm_adv_by_std = bool(algorithm.get("norm_adv_by_std_in_grpo", True))
-        if self.enabled and estimator not in _GRPO_ESTIMATORS:
+        if self.enabled and not in_family(estimator, "grpo"):
             raise ConfigError(
                 f"attribution_driven_credit_assignment.enable=true needs GRPO advantages (ADCA's outcome part and "
                 f"fallback); got algorithm.adv_estimator={estimator!r}: set algorithm.adv_estimator={ADCA_ESTIMATOR} "

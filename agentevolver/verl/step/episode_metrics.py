@@ -8,13 +8,17 @@ verl's own data metrics cover rewards, advantages and lengths; what an agent run
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from agentevolver.module.agent_flow.episode import TERMINATIONS
 
-__all__ = ["episode_metrics"]
+if TYPE_CHECKING:
+    from agentevolver.verl.step.state import StepState
+    from agentevolver.verl.step.trainer import AgentEvolverTrainer
+
+__all__ = ["episode_metrics", "record_episode_metrics"]
 
 #: Per-episode metrics averaged over the batch (key in ``episode_metrics`` -> logged name).
 _MEANS = {
@@ -39,6 +43,12 @@ _SUMS = {
     # Self-Navigating: retrievals that failed (the memory service was down or answered an error).
     "exp/retrieve_errors": "exp/retrieve_errors",
 }
+
+
+def record_episode_metrics(state: StepState, trainer: AgentEvolverTrainer) -> StepState:
+    """Stage ``episode_metrics``: ``episode/*`` (and Self-Navigating's ``exp/*`` split) of the step's episodes."""
+    state.metrics.update(episode_metrics(state.episodes.non_tensor_batch))
+    return state
 
 
 def episode_metrics(non_tensor_batch: Mapping[str, Any]) -> dict[str, float]:

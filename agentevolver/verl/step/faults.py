@@ -18,13 +18,18 @@ from __future__ import annotations
 
 import uuid
 from collections import Counter
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from agentevolver.errors import AgentEvolverError
 
-__all__ = ["FAILURE_COLUMN", "TooManyFailures", "check_failed_share", "exclude_failed", "failure_metrics"]
+if TYPE_CHECKING:
+    from agentevolver.verl.step.state import StepState
+    from agentevolver.verl.step.trainer import AgentEvolverTrainer
+
+__all__ = ["FAILURE_COLUMN", "TooManyFailures", "check_failed_share", "exclude_failed", "failure_metrics",
+           "leave_out_failures"]
 
 #: Non-tensor column the agent loop fills (``""`` = a good episode, else the failing service).
 FAILURE_COLUMN = "failure"
@@ -40,6 +45,16 @@ _WHERE = {
 
 class TooManyFailures(AgentEvolverError):
     """A training step in which too many episodes failed; the message names the services."""
+
+
+def leave_out_failures(state: StepState, trainer: AgentEvolverTrainer) -> StepState:
+    """Stage ``faults``: count the failed episodes, stop the run when there are too many
+    (``agent_flow.max_failed_share``), and keep the rest of them out of the update (module docstring)."""
+    columns = state.batch.non_tensor_batch
+    state.metrics.update(failure_metrics(columns))
+    check_failed_share(columns, float(trainer.settings.agent_flow.max_failed_share), state.step)
+    exclude_failed(state.batch)
+    return state
 
 
 def failed_mask(non_tensor_batch: dict[str, Any]) -> np.ndarray:

@@ -1,5 +1,5 @@
-"""The step's first stages: a batch of task rows -> the rows the rollout gets; the initial rollouts of
-Self-Navigating's memory build.
+"""The step's first stage, ``tasks``: a batch of task rows -> the rows the rollout gets; and the initial rollouts
+of Self-Navigating's memory build.
 
 verl's agent-loop manager takes every non-tensor column of a task row (the task, the raw prompt, tools) and
 the columns its reward needs (``data_source``, ``reward_model``, ``extra_info``, ``uid``), repeated
@@ -12,11 +12,15 @@ from __future__ import annotations
 import logging
 import uuid
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-__all__ = ["REWARD_COLUMNS", "initial_rollouts", "rollout_inputs", "task_batch"]
+if TYPE_CHECKING:
+    from agentevolver.verl.step.state import StepState
+    from agentevolver.verl.step.trainer import AgentEvolverTrainer
+
+__all__ = ["REWARD_COLUMNS", "initial_rollouts", "rollout_inputs", "task_batch", "task_rows"]
 
 logger = logging.getLogger(__name__)
 
@@ -40,6 +44,19 @@ def rollout_inputs(batch: Any) -> Any:
     inputs = batch.pop(batch_keys=[], non_tensor_batch_keys=sorted(keys - REWARD_COLUMNS))
     inputs.non_tensor_batch.update(batch.non_tensor_batch)
     return inputs
+
+
+def task_rows(state: StepState, trainer: AgentEvolverTrainer) -> StepState:
+    """Stage ``tasks``: the step's task rows as a batch (a fresh GRPO group id per task), and the rollout's rows,
+    each task repeated ``rollout.n`` times. Both carry the rollout temperature, which the log-prob passes read."""
+    rollout = trainer.config.actor_rollout_ref.rollout
+    batch = task_batch(state.task_rows)
+    batch.meta_info["temperature"] = rollout.temperature
+    inputs = rollout_inputs(batch)
+    inputs.meta_info.update(global_steps=state.step, temperature=rollout.temperature)
+    state.inputs = inputs.repeat(repeat_times=int(rollout.n), interleave=True)
+    state.batch = batch
+    return state
 
 
 def initial_rollouts(trainer: Any, limit: int | None) -> Iterator[Any]:

@@ -33,13 +33,20 @@ a row). A response-shaped tensor this module does not know how to fill for an ad
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 
-__all__ = ["OTHER_SAMPLES", "SAMPLE_PARENT", "SAMPLE_ROLE", "episode_rows", "expand_sample_rows", "minibatch_rows",
-           "outcome_level_estimators", "refusal", "spread_advantages"]
+from agentevolver.config.estimators import in_family, members
+from agentevolver.verl.shared_prefix.layout import SWITCH as SHARED_PROMPTS
+
+if TYPE_CHECKING:
+    from agentevolver.verl.step.state import StepState
+    from agentevolver.verl.step.trainer import AgentEvolverTrainer
+
+__all__ = ["OTHER_SAMPLES", "SAMPLE_PARENT", "SAMPLE_ROLE", "SHARED_PROMPTS", "add_sample_rows", "balance", "episode_rows", "expand_sample_rows", "minibatch_rows",
+           "refusal", "spread_advantages"]
 
 #: The agent loop's column with each episode's earlier samples (a list of token-field dicts per row).
 OTHER_SAMPLES = "other_samples"
@@ -48,18 +55,51 @@ SAMPLE_ROLE = "sample_role"
 #: Added column: the index of each row's episode row (its own index for an episode row; 0 for padding).
 SAMPLE_PARENT = "sample_parent"
 
-#: verl advantage estimators whose advantage is one number per episode on every policy token, so it can be
-#: broadcast to the episode's other samples.
-_OUTCOME_ESTIMATORS = frozenset({"grpo", "grpo_vectorized", "rloo", "rloo_vectorized", "opo", "grpo_passk",
-                                 "gpg", "adca_grpo"})
 #: Response-shaped columns filled here for an added row; anything else response-shaped is refused.
 _ZERO_FILLED = ("token_level_scores", "token_level_rewards", "rm_scores")
 _KNOWN = frozenset({"prompts", "responses", "response_mask", "input_ids", "attention_mask", "position_ids",
                     "rollout_log_probs", "old_log_probs", "ref_log_prob", "advantages", "returns", *_ZERO_FILLED})
 
 
-def outcome_level_estimators() -> frozenset[str]:
-    return _OUTCOME_ESTIMATORS
+def balance(state: StepState, trainer: AgentEvolverTrainer) -> StepState:
+    """Stage ``balance``: verl's batch balancing (``trainer.balance_batch``) reorders the episode rows so every
+    data-parallel rank gets a like share of tokens (GRPO groups stay together when shared prompts are on)."""
+    if trainer.config.trainer.balance_batch:
+        trainer._balance_batch(state.batch, metrics=state.metrics)
+        state.batch = state.batch  # reordered in place: the episode view is derived again
+    return state
+
+
+def add_sample_rows(state: StepState, trainer: AgentEvolverTrainer) -> StepState:
+    """Stage ``sample_rows``: the earlier samples of multi-sample episodes become rows of their own, padded to
+    whole mini-batches (:func:`expand_sample_rows`); the episodes stay the first ``episode_count`` rows.
+
+    The rows are laid out here for the log-prob passes and the update, so this stage also asks the
+    actor/reference engines to compute each GRPO group's prompt once (verl's switch
+    ``actor_rollout_ref.actor.use_prefix_grouper``, read by verl's ``_balance_batch`` to keep groups together,
+    travels to the workers in ``meta_info``, which verl turns into every micro-batch's non-tensor data; the
+    engine, :mod:`agentevolver.verl.shared_prefix.engine`, then groups samples whose prompt tokens are
+    identical). Off, the key is absent and verl's own forward runs.
+    """
+    config = trainer.config
+    state.episode_count = len(state.batch)
+    rows, metrics = expand_sample_rows(
+        state.batch, pad_token_id=_pad_id(trainer.tokenizer),
+        rows_per_minibatch=minibatch_rows(config.actor_rollout_ref.actor.ppo_mini_batch_size,
+                                          config.actor_rollout_ref.rollout.n),
+        bypass=trainer.bypass)
+    state.metrics.update(metrics)
+    if getattr(trainer, "use_prefix_grouper", False):
+        rows.meta_info[SHARED_PROMPTS] = True
+    state.batch = rows
+    return state
+
+
+def _pad_id(tokenizer: Any) -> int:
+    for value in (getattr(tokenizer, "pad_token_id", None), getattr(tokenizer, "eos_token_id", None)):
+        if value is not None:
+            return int(value)
+    return 0
 
 
 def refusal(*, multi_sample: bool, adv_estimator: str, use_critic: bool, distillation: bool) -> str | None:
@@ -70,9 +110,9 @@ def refusal(*, multi_sample: bool, adv_estimator: str, use_critic: bool, distill
         return ("a multi-sample context manager (agent_flow.context_template) cannot be trained with a "
                 "critic: the added samples have no values; use a critic-free estimator (algorithm.adv_estimator="
                 "grpo) or the linear context manager")
-    if adv_estimator not in _OUTCOME_ESTIMATORS:
+    if not in_family(adv_estimator, "outcome"):  # one number per episode, so it can be broadcast
         return (f"a multi-sample context manager trains each earlier sample with its episode's advantage, which "
-                f"needs an outcome-level estimator ({', '.join(sorted(_OUTCOME_ESTIMATORS))}); "
+                f"needs an outcome-level estimator ({', '.join(sorted(members('outcome')))}); "
                 f"algorithm.adv_estimator={adv_estimator!r} gives per-token advantages")
     if distillation:
         return "a multi-sample context manager cannot be combined with distillation (no teacher outputs per sample)"
