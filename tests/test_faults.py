@@ -89,6 +89,22 @@ def test_the_stop_rule(failures: list[str], share: float, stops: bool) -> None:
     assert "x env: check the environment service (env_service.env_url" in message
 
 
+def test_the_stop_quotes_the_most_common_error_and_points_at_the_dump() -> None:
+    records = [{"error": "POST /v1/responses: 404 Not Found"}, {"error": "POST /v1/responses: 404 Not Found"},
+               {"error": "timed out"}, {"error": None}]
+    columns = {"failure": np.array(["program", "program", "program", ""], dtype=object),
+               "episode_record": np.array(records, dtype=object)}
+    with pytest.raises(TooManyFailures) as caught:
+        check_failed_share(columns, 0.5, step=1, dump_path="/run/rollouts/step_1.jsonl")
+    message = str(caught.value)
+    assert ('The most common error (2 of the 3 failed episodes): program: "POST /v1/responses: 404 Not Found".'
+            in message)
+    assert message.endswith("every episode's error is in the step's rollout dump, /run/rollouts/step_1.jsonl")
+    long = {"failure": np.array(["env"], dtype=object), "episode_record": np.array([{"error": "x" * 1000}])}
+    with pytest.raises(TooManyFailures, match=r"env: \"x{400} \[\.\.\.\]\"\..*dump is off"):
+        check_failed_share(long, 0.5, step=1)
+
+
 def test_a_finished_run_is_recognised_from_verls_checkpoint_tracker(tmp_path) -> None:
     from omegaconf import OmegaConf
 

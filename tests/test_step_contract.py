@@ -21,7 +21,7 @@ DOCS = Path(__file__).resolve().parents[1] / "docs" / "training.md"
 def test_every_stage_is_a_function_of_the_state_and_the_trainer_in_a_step_module() -> None:
     names = [stage.name for stage in STEP]
     assert len(names) == len(set(names)), "each stage has its own timer name"
-    assert AgentEvolverTrainer.STAGES == tuple(names)
+    assert tuple(names) == AgentEvolverTrainer.STAGES
     for stage in STEP:
         signature = inspect.signature(stage.run)
         assert list(signature.parameters) == ["state", "trainer"], stage.name

@@ -92,6 +92,12 @@ def test_a_step_where_every_episode_fails_stops_the_run_naming_the_service(servi
     message = done.stderr[done.stderr.index("error: "):]
     assert "training step 1: every episode failed" in message, message
     assert "4 x env: check the environment service" in message and "agent_flow.max_failed_share" in message
+    assert "The most common error (4 of the 4 failed episodes): env: " in message
+    assert "cannot create instances" in message  # the environment's own words, quoted
+    dump = tmp_path / "run" / "rollouts" / "step_1.jsonl"
+    assert f"rollout dump, {dump}" in message
+    records = list(read_rollout_dump(dump))  # written before the stop
+    assert len(records) == 4 and all(r["failure"] == "env" and r["error"] for r in records)
     assert "Traceback" not in message
     assert not (tmp_path / "run" / "global_step_1").exists()  # nothing was trained on it
 

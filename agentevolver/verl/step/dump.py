@@ -17,7 +17,7 @@ if TYPE_CHECKING:
     from agentevolver.verl.step.state import StepState
     from agentevolver.verl.step.trainer import AgentEvolverTrainer
 
-__all__ = ["dump_records", "write_dump"]
+__all__ = ["dump_records", "write_dump", "write_step_dump"]
 
 logger = logging.getLogger(__name__)
 
@@ -25,9 +25,19 @@ logger = logging.getLogger(__name__)
 def write_dump(state: StepState, trainer: AgentEvolverTrainer) -> StepState:
     """Stage ``dump``: the episodes' records to ``agent_flow.dump.dir`` when ``agent_flow.dump.enable``; a write
     error is a warning naming the file and what it would have held, and ``dump/lost_episodes`` counts them."""
+    if not trainer.settings.agent_flow.dump.enable:
+        return state
+    path = write_step_dump(state, trainer)
+    state.metrics["dump/lost_episodes"] = 0.0 if path else float(len(state.episodes))
+    return state
+
+
+def write_step_dump(state: StepState, trainer: AgentEvolverTrainer) -> str | None:
+    """Write the step's episodes (with their advantages once the ``adv`` stage computed them) and return the
+    file; None when the dump is off or could not be written (a warning says why)."""
     dump = trainer.settings.agent_flow.dump
     if not dump.enable:
-        return state
+        return None
     records = dump_records(state.episodes, state.step, bool(dump.include_messages))
     try:
         path = RolloutDumpWriter(str(dump.dir)).write_records(state.step, records)
@@ -35,11 +45,9 @@ def write_dump(state: StepState, trainer: AgentEvolverTrainer) -> StepState:
         logger.warning("rollout dump of step %d NOT written to %s (%s): its %d episodes are lost from the dump; "
                        "training goes on (free space there, or move agent_flow.dump.dir)", state.step, dump.dir,
                        err.strerror or err, len(records))
-        state.metrics["dump/lost_episodes"] = float(len(records))
-        return state
+        return None
     logger.info("rollout dump of step %d: %s", state.step, path)
-    state.metrics["dump/lost_episodes"] = 0.0
-    return state
+    return str(path)
 
 
 def dump_records(batch: DataProto, step: int, include_messages: bool = True) -> list[dict[str, Any]]:

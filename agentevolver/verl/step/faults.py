@@ -10,12 +10,14 @@ it must not teach the policy anything: here, in the step's ``faults`` stage righ
 - it gets a GRPO group of its own (a fresh ``uid``), so when the advantage stage runs, the 0 reward of a
   failed episode does not lower its task's baseline. ADCA groups by the same ``uid``.
 
-The run stops, with a message naming the failing service(s), when every episode of a step failed or the
-failed share is above ``agent_flow.max_failed_share``: training on the rest of such a step would be noise.
+The run stops, with a message naming the failing service(s) and quoting the most common error, when every
+episode of a step failed or the failed share is above ``agent_flow.max_failed_share``: training on the rest of
+such a step would be noise. The step's rollout dump is written before it stops.
 """
 
 from __future__ import annotations
 
+import json
 import uuid
 from collections import Counter
 from typing import TYPE_CHECKING, Any
@@ -34,6 +36,9 @@ __all__ = ["FAILURE_COLUMN", "TooManyFailures", "check_failed_share", "exclude_f
 #: Non-tensor column the agent loop fills (``""`` = a good episode, else the failing service).
 FAILURE_COLUMN = "failure"
 
+#: How much of an episode's error the stop message quotes (the dump holds all of it).
+_QUOTE_CHARS = 400
+
 #: What to check when a service fails, by the name the episode gives it.
 _WHERE = {
     "env": "the environment service (env_service.env_url; is it up? its log is in the run record)",
@@ -49,10 +54,19 @@ class TooManyFailures(AgentEvolverError):
 
 def leave_out_failures(state: StepState, trainer: AgentEvolverTrainer) -> StepState:
     """Stage ``faults``: count the failed episodes, stop the run when there are too many
-    (``agent_flow.max_failed_share``), and keep the rest of them out of the update (module docstring)."""
+    (``agent_flow.max_failed_share``), and keep the rest of them out of the update (module docstring).
+
+    A step that stops writes its rollout dump first (without advantages: none were computed), so the message's
+    pointer to every episode's error is true."""
     columns = state.batch.non_tensor_batch
     state.metrics.update(failure_metrics(columns))
-    check_failed_share(columns, float(trainer.settings.agent_flow.max_failed_share), state.step)
+    limit = float(trainer.settings.agent_flow.max_failed_share)
+    try:
+        check_failed_share(columns, limit, state.step)
+    except TooManyFailures:
+        from agentevolver.verl.step.dump import write_step_dump
+
+        check_failed_share(columns, limit, state.step, dump_path=write_step_dump(state, trainer))
     exclude_failed(state.batch)
     return state
 
@@ -79,8 +93,11 @@ def failure_metrics(non_tensor_batch: dict[str, Any]) -> dict[str, float]:
     return out
 
 
-def check_failed_share(non_tensor_batch: dict[str, Any], max_failed_share: float, step: int) -> None:
-    """Raise :class:`TooManyFailures` when every episode failed or the share exceeds ``max_failed_share``."""
+def check_failed_share(non_tensor_batch: dict[str, Any], max_failed_share: float, step: int,
+                       dump_path: str | None = None) -> None:
+    """Raise :class:`TooManyFailures` when every episode failed or the share exceeds ``max_failed_share``. The
+    message names the services, quotes the most common error with how many episodes share it, and points at
+    the step's rollout dump (``dump_path``, written before the stop) where every episode's error is."""
     mask = failed_mask(non_tensor_batch)
     if not mask.size or not mask.any():
         return
@@ -91,10 +108,28 @@ def check_failed_share(non_tensor_batch: dict[str, Any], max_failed_share: float
     named = "; ".join(f"{count} x {service}: check {_WHERE.get(service, service)}"
                       for service, count in services.most_common())
     what = "every episode" if mask.all() else f"{int(mask.sum())} of {mask.size} episodes ({share:.0%})"
+    where = (f"every episode's error is in the step's rollout dump, {dump_path}" if dump_path
+             else "the rollout dump is off or could not be written (agent_flow.dump), so only this error is shown")
     raise TooManyFailures(
         f"training step {step}: {what} failed, above agent_flow.max_failed_share={max_failed_share:g}; stopping "
-        f"instead of training on what is left. Failed: {named}. Raise agent_flow.max_failed_share to go on "
-        "through such steps; the step's episodes are in the rollout dump")
+        f"instead of training on what is left. Failed: {named}.{_quoted_error(non_tensor_batch, mask)} "
+        f"Raise agent_flow.max_failed_share to go on through such steps; {where}")
+
+
+def _quoted_error(non_tensor_batch: dict[str, Any], mask: np.ndarray) -> str:
+    """`` The most common error (N of the M failed episodes): <service>: "<error>".`` from the episodes'
+    records (empty when the rows carry none)."""
+    records = non_tensor_batch.get("episode_record")
+    if records is None:
+        return ""
+    failures = non_tensor_batch[FAILURE_COLUMN]
+    errors = Counter((str(failures[row]), str((records[row] or {}).get("error") or "no error recorded"))
+                     for row in np.flatnonzero(mask))
+    (service, error), count = errors.most_common(1)[0]
+    if len(error) > _QUOTE_CHARS:
+        error = error[:_QUOTE_CHARS] + " [...]"
+    return (f" The most common error ({count} of the {int(mask.sum())} failed episodes): {service}: "
+            f"{json.dumps(error, ensure_ascii=False)}.")
 
 
 def exclude_failed(batch: Any) -> int:
