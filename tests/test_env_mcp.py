@@ -364,6 +364,24 @@ def test_a_server_that_fails_to_start_is_named_with_its_stderr_tail(tmp_path: Pa
     assert "Traceback" not in result.stderr.split("last lines of its stderr")[0]
 
 
+def test_an_mcp_sdk_older_than_needed_is_named_at_service_start(tmp_path: Path) -> None:
+    """A server that pins the 1.x SDK, pip-installed into the service's venv, downgrades the SDK there; the service
+    then says so at start. The downgrade is stood in for by a 1.x distribution record ahead on the path."""
+    fake = tmp_path / "site" / "mcp-1.9.4.dist-info"
+    fake.mkdir(parents=True)
+    (fake / "METADATA").write_text("Metadata-Version: 2.1\nName: mcp\nVersion: 1.9.4\n")
+    config = tmp_path / "servers.yaml"
+    config.write_text("servers:\n  - name: time\n    command: [mcp-server-time]\n")
+    result = subprocess.run([sys.executable, str(REPO_ROOT / "env_service" / "env_service.py"), "--env", "mcp",
+                             "--port", str(free_port())], capture_output=True, text=True, cwd=REPO_ROOT,
+                            env={**os.environ, "AGENTEVOLVER_MCP_CONFIG": str(config),
+                                 "PYTHONPATH": str(tmp_path / "site")}, timeout=120)
+    assert result.returncode == 2, result.stderr
+    assert "the MCP SDK installed here is mcp 1.9.4; this environment needs mcp>=2.0.0" in result.stderr
+    assert "virtualenv of its own" in result.stderr and "python -m venv" in result.stderr
+    assert "Traceback" not in result.stderr and "input_schema" not in result.stderr
+
+
 @pytest.mark.parametrize(("config", "needle"), [
     ({"servers": [{"name": "x"}]}, "servers[0]: Value error, server 'x': give exactly one of command"),
     ({"servers": [{"name": "x", "command": ["no-such-mcp-server"]}]}, "servers[0].command: program"),

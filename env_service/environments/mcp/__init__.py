@@ -38,6 +38,7 @@ from env_service.base import BaseEnv, StepOutcome
 from env_service.environments.mcp.config import McpConfig, ServerConfig, load_config
 from env_service.environments.mcp.connection import CallTimeout, Connection, ServerError
 from env_service.environments.mcp.results import ERROR_PREFIX, cut, render_result, schema_problem
+from env_service.environments.mcp.sdk import sdk_problem
 from env_service.environments.mcp.servers import POOL, CatalogTool, catalog
 from env_service.environments.mcp.tasks import (
     McpTask,
@@ -69,6 +70,9 @@ class _Setup:
     """Everything class-level, built once per process from the config: servers, tool catalogue, tasks."""
 
     def __init__(self, config: McpConfig, folder: Path) -> None:
+        problem = sdk_problem()
+        if problem:
+            raise EnvUnavailable(f"mcp: {problem}", field="env_type")
         self.config = config
         self.servers = {server.name: server for server in config.servers}
         try:
