@@ -25,6 +25,7 @@ from agentevolver.gateway.episodes import Gateway
 from agentevolver.gateway.routes import router
 from agentevolver.llm_server.errors import ServerError, validation_error_to_server_error
 from agentevolver.schema.gateway_wire import GatewayChatRequest
+from agentevolver.schema.responses_wire import ResponsesRequest
 
 __all__ = ["GatewayServer", "create_app"]
 
@@ -54,12 +55,15 @@ async def _on_server_error(_: Request, err: ServerError) -> JSONResponse:
 async def _on_http_error(request: Request, err: StarletteHTTPException) -> JSONResponse:
     message = ("the body is not valid JSON: send a UTF-8 JSON object" if err.status_code == 400
                else f"{request.method} {request.url.path}: {err.detail} (the routes are "
-                    "/episodes/<id>/v1/chat/completions, /episodes/<id>/v1/models, /episodes/<id>/reward)")
+                    "/episodes/<id>/v1/chat/completions, /episodes/<id>/v1/responses, /episodes/<id>/v1/models, "
+                    "/episodes/<id>/reward)")
     return await _on_server_error(request, ServerError(err.status_code, message))
 
 
 async def _on_invalid(request: Request, err: RequestValidationError) -> JSONResponse:
-    model = GatewayChatRequest if request.url.path.endswith("/chat/completions") else None
+    path = request.url.path
+    model = (GatewayChatRequest if path.endswith("/chat/completions")
+             else ResponsesRequest if path.endswith("/responses") else None)
     return await _on_server_error(request, validation_error_to_server_error(list(err.errors()), model))
 
 

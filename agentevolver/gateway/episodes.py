@@ -47,6 +47,9 @@ class GatewayEpisode:
     refused: int = 0
     generate_errors: int = 0
     max_steps_hit: bool = False
+    #: Responses API: each stored response's conversation (chat messages, its reply last), by response id, for
+    #: ``previous_response_id`` (:mod:`agentevolver.gateway.responses`); gone with the episode.
+    stored_responses: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
 
 
 class Gateway:

@@ -1,4 +1,5 @@
-"""The gateway's routes: OpenAI's chat completions and model list per episode, and the reward report.
+"""The gateway's routes: OpenAI's chat completions, Responses API and model list per episode, and the reward
+report.
 
 Every route reaches the :class:`~agentevolver.gateway.episodes.Gateway` through ``app.state.gateway``.
 Errors are OpenAI's ``{"error": {message, type, param, code}}``: 400 a field (named), 404 an episode this
@@ -14,12 +15,15 @@ from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from openai.types import Model
 from openai.types.chat import ChatCompletion
+from openai.types.responses import Response as ResponsesReply
 
 from agentevolver.gateway.episodes import Gateway
+from agentevolver.gateway.responses import answer_response, response_events
 from agentevolver.llm_server.replies import chat_chunks, dump
 from agentevolver.llm_server.routes import errors
 from agentevolver.schema.gateway_wire import GatewayChatRequest, RewardReport, RewardReportAck
 from agentevolver.schema.llm_wire import ModelList
+from agentevolver.schema.responses_wire import ResponsesRequest
 
 __all__ = ["router"]
 
@@ -66,6 +70,21 @@ async def chat_completions(episode_id: str, body: GatewayChatRequest, gateway: G
         data["prompt_token_ids"] = token_ids["prompt_token_ids"]
         data["choices"][0]["token_ids"] = token_ids["token_ids"]
     return JSONResponse(data)
+
+
+@router.post("/episodes/{episode_id}/v1/responses", response_model=ResponsesReply, responses={
+    200: {"content": {"text/event-stream": {"schema": {
+        "type": "object", "required": ["data"],
+        "properties": {"data": {"type": "string"}, "event": {"type": "string"}}}}},
+          "description": "The response (JSON), or server-sent events with 'stream: true'."},
+    **errors(400, 404, 409, 500)})
+async def responses(episode_id: str, body: ResponsesRequest, gateway: GatewayDep) -> Response:
+    """One Responses API call of the episode's program, answered and recorded as the chat-completions call it
+    stands for (:mod:`agentevolver.gateway.responses`)."""
+    response = await answer_response(gateway, episode_id, body)
+    if body.stream:
+        return StreamingResponse(response_events(response), media_type="text/event-stream")
+    return JSONResponse(dump(response))
 
 
 @router.post("/episodes/{episode_id}/reward", response_model=RewardReportAck, responses=errors(400, 404, 409))
