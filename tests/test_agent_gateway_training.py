@@ -11,6 +11,7 @@ episodes obey.
 from __future__ import annotations
 
 import math
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -83,3 +84,27 @@ def test_an_openai_sdk_agent_trains_two_grpo_steps_through_the_gateway(service: 
             assert record["messages"][0]["role"] == "system" and "chain" in record["messages"][0]
     assert calls >= 16
     assert mixed_groups > 0  # the update had something to follow (all 4 groups of 4 tie with p ~ 1/4096)
+
+
+GALLERY = REPO_ROOT / "examples" / "agent_program"
+
+
+@pytest.mark.parametrize(("framework", "program"), [
+    ("agents_sdk", f"agent_program.command=[{sys.executable},{GALLERY / 'agents_sdk_agent.py'}]"),
+    ("langgraph", f"agent_program.callable={GALLERY / 'langgraph_agent.py'}:run"),
+])
+def test_a_gallery_agent_trains_two_grpo_steps_unchanged(service: str, tmp_path: Path, framework: str,
+                                                          program: str) -> None:
+    """The OpenAI Agents SDK with its defaults (the Responses API) and LangGraph, each as the gallery has it."""
+    done = run_training(training_command(
+        service, tmp_path, program, "agent_program.reward=env", "agent_program.timeout_s=600",
+        "agent_flow.max_steps=4"), tmp_path)
+    assert done.returncode == 0, (done.stdout + done.stderr)[-6000:]
+    steps = read_metrics(tmp_path / "run" / "metrics.jsonl")
+    assert sorted(steps) == [1, 2]
+    for step, metrics in steps.items():
+        assert math.isfinite(metrics["actor/pg_loss"]) and math.isfinite(metrics["actor/grad_norm"])
+        assert metrics["episode/count"] == 4 and metrics["episode/failed"] == 0.0, (framework, step, metrics)
+        for record in read_rollout_dump(tmp_path / "run" / "rollouts" / f"step_{step}.jsonl"):
+            assert record["failure"] is None and record["num_turns"] >= 1, record["error"]
+            check_token_fields(record)
