@@ -37,6 +37,15 @@ from env_service.actions import read_tool_calls
 from env_service.base import BaseEnv, StepOutcome
 from env_service.environments.mcp.config import McpConfig, ServerConfig, load_config
 from env_service.environments.mcp.connection import CallTimeout, Connection, ServerError
+from env_service.environments.mcp.demonstrations import (
+    Demonstration,
+    DemonstrationConfig,
+    default_question,
+    demonstration_messages,
+    derive_arguments,
+    fill_answer,
+    final_answer_text,
+)
 from env_service.environments.mcp.results import ERROR_PREFIX, cut, render_result, schema_problem
 from env_service.environments.mcp.sdk import sdk_problem
 from env_service.environments.mcp.servers import POOL, CatalogTool, catalog
@@ -90,6 +99,52 @@ class _Setup:
                 raise EnvUnavailable(f"mcp: task {task.id!r} names server(s) {unknown} that the config does not "
                                      f"define; servers: {', '.join(self.servers)}", field="env_type")
         self.by_id = {task.id: task for task in self.tasks}
+        #: The demonstrations every opening shows (made once per process, by real calls).
+        self.demonstrations = demonstration_messages([self._demonstration(i, demo)
+                                                      for i, demo in enumerate(config.demonstrations)])
+
+    def _demonstration(self, index: int, demo: DemonstrationConfig) -> Demonstration:
+        """One demonstration, made by calling its tool for real (docs/env_mcp.md, "Demonstrations")."""
+        where = f"demonstrations[{index}]"
+        tools = {tool.exposed: tool for tool in self.catalog}
+        tool = tools.get(demo.tool)
+        if tool is None:
+            raise EnvUnavailable(f"mcp: {where}.tool: no tool {demo.tool!r}; tools: {', '.join(tools)}",
+                                 field="env_type")
+        arguments = demo.arguments
+        if arguments is None:
+            arguments, missing = derive_arguments(tool.tool.input_schema)
+            if missing:
+                raise EnvUnavailable(f"mcp: {where}: the input schema of {demo.tool!r} gives no value for "
+                                     f"{', '.join(missing)}; set {where}.arguments", field="env_type")
+        problem = schema_problem(tool.tool.input_schema, arguments)
+        if problem is not None:
+            raise EnvUnavailable(f"mcp: {where}.arguments: {problem} (input schema of {demo.tool!r})",
+                                 field="env_type")
+        server = self.servers[tool.server]
+        conn = POOL.get(server) if server.scope == "shared" else Connection.open(server)
+        try:
+            observation = render_result(conn.call(tool.tool.name, arguments), server.max_result_chars)
+        except (CallTimeout, ServerError) as err:
+            raise EnvUnavailable(f"mcp: {where}: calling {demo.tool!r} failed: {err}", field="env_type") from err
+        finally:
+            if server.scope != "shared":
+                conn.close()
+        if observation.is_error:
+            raise EnvUnavailable(f"mcp: {where}: {demo.tool!r} answered an error, so it cannot be shown as an "
+                                 f"example: {observation.text[:300]}; set {where}.arguments", field="env_type")
+        marker = self.config.final_answer_marker
+        answer = demo.answer
+        if answer is not None:
+            try:
+                answer = fill_answer(answer, observation.text)
+            except ValueError as err:
+                raise EnvUnavailable(f"mcp: {where}.answer: {err}", field="env_type") from err
+            if not answer.startswith(marker):
+                answer = f"{marker}: {answer}"
+        return Demonstration(tool=demo.tool, arguments=arguments, result=observation.text,
+                             question=demo.question or default_question(demo.tool, tool.tool.description, arguments),
+                             answer=answer or final_answer_text(observation.text, marker))
 
     def tools_of(self, servers: list[str]) -> list[CatalogTool]:
         return [tool for tool in self.catalog if tool.server in servers]
@@ -181,7 +236,8 @@ class McpEnv(BaseEnv):
     def reset(self) -> list[ChatMessage]:
         config = self.setup.config
         system = config.system_prompt or DEFAULT_SYSTEM_PROMPT.format(marker=config.final_answer_marker)
-        return [ChatMessage(role="system", content=system), ChatMessage(role="user", content=self.task.query)]
+        return [ChatMessage(role="system", content=system), *self.setup.demonstrations,
+                ChatMessage(role="user", content=self.task.query)]
 
     def step(self, action: ChatMessage) -> StepOutcome:
         if action.role != "assistant":

@@ -19,6 +19,7 @@ from typing import Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from env_service.environments.mcp.demonstrations import DemonstrationConfig
 from env_service.errors import EnvUnavailable
 
 #: The environment variable holding the config file's path.
@@ -112,6 +113,11 @@ class McpConfig(BaseModel):
     final_answer_marker: str = "FINAL ANSWER"
     #: System prompt of every episode (default: docs/env_mcp.md, "Episodes").
     system_prompt: str | None = None
+    #: Worked examples shown before every task's question, each made at start-up by calling the named tool for
+    #: real (a small policy calls tools it has seen called): a tool name, or ``{tool, arguments?, question?,
+    #: answer?}``; arguments default to values from the tool's input schema (docs/env_mcp.md, "Demonstrations").
+    #: Name only tools that are safe to call once with such arguments. Empty: the opening has none.
+    demonstrations: list[DemonstrationConfig] = Field(default_factory=list)
 
     @model_validator(mode="after")
     def _unique_names(self) -> McpConfig:
