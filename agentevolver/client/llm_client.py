@@ -9,37 +9,42 @@ Semantics in short (see docs/llm.md):
 
 * retried: connection errors, timeouts, HTTP 408/409/429/5xx, and a 200 reply that is not a usable chat
   completion (no choices, not JSON); full-jitter exponential backoff, up to ``max_retries`` retries;
-* not retried: any other 4xx (400, 401, 403, 404, 422, ...): :class:`LLMError` at once, saying what to fix;
+* not retried: any other 4xx (400, 401, 403, 404, 422, ...): :class:`LLMError` at once, saying what to fix
+  (:mod:`.llm_errors`);
 * every failure reaching a caller is an :class:`LLMError` (the SDK exception is chained as its cause);
 * at most ``max_concurrency`` requests in flight per client on the sync side (across threads) and per
   event loop on the async side; a request waiting out a backoff does not hold a slot;
 * a role that passes ``schema=`` gets it sent as ``response_format`` when the endpoint takes it
   (``structured_output``, :mod:`.structured_output`); a server that refuses it is asked again without it,
   once per endpoint, and the result says which format the reply was generated under.
+
+``chat`` and ``achat`` are one operation (:meth:`LLMClient._chat_flow`: request, retries, format fallback,
+reply) run by a blocking or an async driver (:mod:`.sansio`); they differ only in the SDK client that sends
+and the gate that limits it. The request and reply themselves are :mod:`.llm_wire`.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import json
 import logging
 import os
 import threading
-from collections.abc import AsyncGenerator, Mapping, Sequence
-from dataclasses import dataclass, replace
+from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
-import openai
 from openai import AsyncOpenAI, OpenAI
-from tenacity import AsyncRetrying, RetryCallState, Retrying, retry_if_exception_type, stop_after_attempt
+from tenacity import RetryCallState, Retrying, retry_if_exception_type, stop_after_attempt
 
 from agentevolver.client.closing import ClosingContext
 from agentevolver.client.http import loop_local
 from agentevolver.client.llm_config import LLMConfig, LLMEndpointConfig
-from agentevolver.client.retry import FullJitterBackoff, RetryableFailure, is_retryable_status, retry_after_s
-from agentevolver.client.structured_output import FormatState, ReplySchema, is_format_refusal
-from agentevolver.errors import LLMError
+from agentevolver.client.llm_errors import EndpointFailures, FormatRefused
+from agentevolver.client.llm_wire import ChatResult, Message, Usage, build_request, read_reply, short
+from agentevolver.client.loop_pools import LoopPool, close_without_awaiting, open_loop_pool
+from agentevolver.client.retry import FullJitterBackoff, RetryableFailure
+from agentevolver.client.sansio import Flow, Send, Sleep, arun, run
+from agentevolver.client.structured_output import FormatState, ReplySchema
 
 __all__ = ["PLACEHOLDER_API_KEY", "ChatResult", "LLMClient", "LLMClients", "Usage", "client_for_role"]
 
@@ -48,72 +53,6 @@ logger = logging.getLogger(__name__)
 #: Sent when the configured env var is unset: OpenAI-compatible local servers (vLLM without --api-key,
 #: llama.cpp) ignore the key, but the SDK and some proxies insist on an Authorization header.
 PLACEHOLDER_API_KEY = "EMPTY"
-
-_MAX_DETAIL_CHARS = 400
-
-# Close tasks scheduled from synchronous close() inside a running loop; held so they are not GC'd mid-way.
-_background_closes: set[asyncio.Task[None]] = set()
-
-Message = Mapping[str, Any]
-
-
-@dataclass(frozen=True, slots=True)
-class Usage:
-    """Token counts the server reported (0 when it reported none)."""
-
-    prompt_tokens: int = 0
-    completion_tokens: int = 0
-
-    @property
-    def total_tokens(self) -> int:
-        return self.prompt_tokens + self.completion_tokens
-
-
-@dataclass(frozen=True, slots=True)
-class ChatResult:
-    """The first choice of a chat completion, plus what it cost.
-
-    ``attempts`` is how many HTTP attempts the call took (1 = no retry): roles log it, and tests assert it.
-    ``text`` is ``""`` when the server sent no content (e.g. only tool calls). ``structured`` is the
-    ``response_format`` type the reply was generated under (``json_schema`` / ``json_object``), None for
-    free text; ``format_fallback`` is True when the server refused the format and this reply is free text.
-    """
-
-    text: str
-    finish_reason: str | None
-    usage: Usage
-    model: str
-    attempts: int
-    structured: str | None = None
-    format_fallback: bool = False
-
-
-class _FormatRefused(Exception):
-    """The server refused the request's ``response_format`` (HTTP 400/422 naming it); not retried as is."""
-
-
-@dataclass(slots=True)
-class _LoopState:
-    """Async resources bound to one event loop: the SDK client (its httpx pool) and the concurrency gate.
-
-    ``guard`` is a started async generator whose ``finally`` closes ``client``. Event loops close every
-    pending async generator in ``shutdown_asyncgens()`` (``asyncio.run`` and ``asyncio.Runner`` call it just
-    before closing the loop), so the pool is closed on its own loop even when the caller never calls
-    :meth:`LLMClient.aclose` -- instead of leaking sockets bound to a dead loop.
-    """
-
-    loop: asyncio.AbstractEventLoop
-    client: AsyncOpenAI
-    slots: asyncio.Semaphore
-    guard: AsyncGenerator[None, None]
-
-
-async def _close_on_loop_shutdown(client: AsyncOpenAI) -> AsyncGenerator[None, None]:
-    try:
-        yield
-    finally:
-        with contextlib.suppress(Exception):
-            await client.close()
 
 
 class LLMClient(ClosingContext):
@@ -129,13 +68,10 @@ class LLMClient(ClosingContext):
         """``name`` is the key under ``llm.endpoints`` (used only to make error messages point at the config)."""
         self._endpoint = endpoint
         self._name = name
-        self._config_key = f"llm.endpoints.{name}" if name else "llm.endpoints.<name>"
-        self._where = (
-            f"LLM endpoint {name or ''}".rstrip() + f" (base_url={endpoint.base_url}, model={endpoint.model})"
-        )
         env = endpoint.api_key_env
         key = os.environ.get(env) if env else None
-        self._key_is_set = bool(key)
+        self._failures = EndpointFailures(endpoint, name, key_is_set=bool(key))
+        self._where = self._failures.where
         if not key:
             logger.debug(
                 "%s: env var %s is unset, sending a placeholder API key",
@@ -147,7 +83,7 @@ class LLMClient(ClosingContext):
         self._formats = FormatState(endpoint.structured_output)
         self._sync: OpenAI | None = None
         self._sync_slots = threading.BoundedSemaphore(endpoint.max_concurrency)
-        self._loop_states: dict[asyncio.AbstractEventLoop, _LoopState] = {}
+        self._loop_pools: dict[asyncio.AbstractEventLoop, LoopPool] = {}
 
     # ------------------------------------------------------------------ construction helpers
     @classmethod
@@ -188,91 +124,26 @@ class LLMClient(ClosingContext):
         return dict(self._formats.counts)
 
     # ------------------------------------------------------------------ public API
-    def chat(
-        self,
-        messages: Sequence[Message],
-        *,
-        temperature: float | None = None,
-        max_tokens: int | None = None,
-        stop: str | Sequence[str] | None = None,
-        schema: ReplySchema | None = None,
-        **extra: Any,
-    ) -> ChatResult:
+    def chat(self, messages: Sequence[Message], *, temperature: float | None = None,
+             max_tokens: int | None = None, stop: str | Sequence[str] | None = None,
+             schema: ReplySchema | None = None, **extra: Any) -> ChatResult:
         """Send one chat completion request and return its first choice; blocks the calling thread.
 
         ``temperature`` / ``max_tokens`` default to the endpoint's config. ``extra`` keys are sent verbatim in
         the JSON body (``top_p``, ``seed``, ``response_format``, vLLM's ``chat_template_kwargs``, ...).
         ``schema`` is the reply's shape, sent as ``response_format`` when the endpoint takes it (see the
         module docstring); the caller still validates the reply. Raises :class:`LLMError` on a
-        non-retryable failure or when retries run out.
+        non-retryable failure or when retries run out. Safe to call from inside a running event loop (it
+        blocks that loop's thread, as any blocking call does, but never starts or needs a loop).
         """
-        kind = self._format_kind(schema, extra)
-        if kind is not None:
-            assert schema is not None
-            request = self._request(messages, temperature, max_tokens, stop,
-                                    {**extra, "response_format": schema.response_format(kind)})
-            try:
-                result = self._chat_sync(request, format_added=True)
-            except _FormatRefused as refused:
-                self._on_refusal(kind, str(refused))
-            else:
-                self._formats.sent()
-                return replace(result, structured=kind)
-        result = self._chat_sync(self._request(messages, temperature, max_tokens, stop, extra))
-        return replace(result, format_fallback=True) if kind is not None else result
+        return run(self._chat_flow(messages, temperature, max_tokens, stop, schema, extra), self._send)
 
-    def _chat_sync(self, request: dict[str, Any], format_added: bool = False) -> ChatResult:
-        attempts = 0
-        try:
-            for attempt in self._retrying(Retrying):
-                with attempt:
-                    attempts = attempt.retry_state.attempt_number
-                    with self._sync_slots:
-                        response = self._send_sync(request, format_added)
-                    return self._to_result(response, attempts)
-        except RetryableFailure as failure:
-            raise self._exhausted(failure, attempts) from (failure.__cause__ or failure)
-        raise AssertionError("unreachable: tenacity returned without a result or an exception")
-
-    async def achat(
-        self,
-        messages: Sequence[Message],
-        *,
-        temperature: float | None = None,
-        max_tokens: int | None = None,
-        stop: str | Sequence[str] | None = None,
-        schema: ReplySchema | None = None,
-        **extra: Any,
-    ) -> ChatResult:
+    async def achat(self, messages: Sequence[Message], *, temperature: float | None = None,
+                    max_tokens: int | None = None, stop: str | Sequence[str] | None = None,
+                    schema: ReplySchema | None = None, **extra: Any) -> ChatResult:
         """Async :meth:`chat`: same arguments, result and errors; limited per event loop."""
-        kind = self._format_kind(schema, extra)
-        if kind is not None:
-            assert schema is not None
-            request = self._request(messages, temperature, max_tokens, stop,
-                                    {**extra, "response_format": schema.response_format(kind)})
-            try:
-                result = await self._chat_async(request, format_added=True)
-            except _FormatRefused as refused:
-                self._on_refusal(kind, str(refused))
-            else:
-                self._formats.sent()
-                return replace(result, structured=kind)
-        result = await self._chat_async(self._request(messages, temperature, max_tokens, stop, extra))
-        return replace(result, format_fallback=True) if kind is not None else result
-
-    async def _chat_async(self, request: dict[str, Any], format_added: bool = False) -> ChatResult:
-        state = await self._loop_state()
-        attempts = 0
-        try:
-            async for attempt in self._retrying(AsyncRetrying):
-                with attempt:
-                    attempts = attempt.retry_state.attempt_number
-                    async with state.slots:
-                        response = await self._send_async(state.client, request, format_added)
-                    return self._to_result(response, attempts)
-        except RetryableFailure as failure:
-            raise self._exhausted(failure, attempts) from (failure.__cause__ or failure)
-        raise AssertionError("unreachable: tenacity returned without a result or an exception")
+        flow = self._chat_flow(messages, temperature, max_tokens, stop, schema, extra)
+        return await arun(flow, self._asend)
 
     def close(self) -> None:
         """Close the sync pool and every async pool this client can still reach without awaiting.
@@ -283,21 +154,80 @@ class LLMClient(ClosingContext):
         """
         with self._lock:
             sync, self._sync = self._sync, None
-            states = list(self._loop_states.values())
-            self._loop_states.clear()
+            pools = list(self._loop_pools.values())
+            self._loop_pools.clear()
         if sync is not None:
             sync.close()
-        for state in states:
-            _close_state_without_awaiting(state)
+        for pool in pools:
+            close_without_awaiting(pool)
 
     async def aclose(self) -> None:
         """Close the current event loop's pool (awaited), then everything :meth:`close` handles."""
         loop = asyncio.get_running_loop()
         with self._lock:
-            state = self._loop_states.pop(loop, None)
-        if state is not None:
-            await state.guard.aclose()
+            pool = self._loop_pools.pop(loop, None)
+        if pool is not None:
+            await pool.guard.aclose()
         self.close()
+
+    # ------------------------------------------------------------------ the operation (one body, two drivers)
+    def _chat_flow(
+        self,
+        messages: Sequence[Message],
+        temperature: float | None,
+        max_tokens: int | None,
+        stop: str | Sequence[str] | None,
+        schema: ReplySchema | None,
+        extra: Mapping[str, Any],
+    ) -> Flow[ChatResult]:
+        """One chat call: with the endpoint's ``response_format`` for ``schema`` where it takes one, asked
+        again without it when the server refuses it; the result says which it was."""
+        kind = self._format_kind(schema, extra)
+        if kind is not None:
+            assert schema is not None
+            request = build_request(self._endpoint, messages, temperature, max_tokens, stop,
+                                    {**extra, "response_format": schema.response_format(kind)})
+            try:
+                result = yield from self._attempts(request, format_added=True)
+            except FormatRefused as refused:
+                self._on_refusal(kind, str(refused))
+            else:
+                self._formats.sent()
+                return replace(result, structured=kind)
+        request = build_request(self._endpoint, messages, temperature, max_tokens, stop, extra)
+        result = yield from self._attempts(request)
+        return replace(result, format_fallback=True) if kind is not None else result
+
+    def _attempts(self, request: dict[str, Any], format_added: bool = False) -> Flow[ChatResult]:
+        """``request`` under the retry policy: tenacity decides whether and how long to wait, the driver
+        waits (so an async backoff does not block its loop), each failure is sorted by :mod:`.llm_errors`."""
+        backoffs: list[float] = []
+        attempts = 0
+        try:
+            for attempt in self._retrying(sleep=backoffs.append):
+                if backoffs:
+                    yield Sleep(float(backoffs.pop()))
+                with attempt:
+                    attempts = attempt.retry_state.attempt_number
+                    try:
+                        response = yield Send(request)
+                    except Exception as exc:
+                        raise self._failures.classify(exc, format_added) from exc
+                    return read_reply(response, attempts, self._endpoint.model)
+        except RetryableFailure as failure:
+            raise self._failures.exhausted(failure, attempts) from (failure.__cause__ or failure)
+        raise AssertionError("unreachable: tenacity returned without a result or an exception")
+
+    def _send(self, request: dict[str, Any]) -> Any:
+        """Blocking transport: the client's pool, at most ``max_concurrency`` in flight across threads."""
+        with self._sync_slots:
+            return self._sync_client().chat.completions.create(**request)
+
+    async def _asend(self, request: dict[str, Any]) -> Any:
+        """Async transport: the running loop's pool, at most ``max_concurrency`` in flight on that loop."""
+        pool = await self._loop_pool()
+        async with pool.slots:
+            return await pool.client.chat.completions.create(**request)
 
     # ------------------------------------------------------------------ internals
     def _format_kind(self, schema: ReplySchema | None, extra: Mapping[str, Any]) -> str | None:
@@ -308,13 +238,12 @@ class LLMClient(ClosingContext):
 
     def _on_refusal(self, kind: str, message: str) -> None:
         """Remember a refused format (``auto``: fall back, logged once) or fail (an explicit mode)."""
-        key = f"{self._config_key}.structured_output"
         if self._endpoint.structured_output != "auto":
-            raise LLMError(f"{self._where} refused response_format {kind!r} ({_short(message)}); this server "
-                           f"does not take it: set {key} to auto or off")
+            raise self._failures.format_refused(kind, message)
         if self._formats.refused(message):
-            logger.warning("%s does not take response_format %s (%s); its roles fall back to free text, parsed "
-                           "and re-asked (set %s: off to skip the attempt)", self._where, kind, _short(message), key)
+            logger.warning("%s does not take response_format %s (%s); its roles fall back to free text, "
+                           "parsed and re-asked (set %s.structured_output: off to skip the attempt)",
+                           self._where, kind, short(message), self._failures.config_key)
 
     def _sdk_kwargs(self) -> dict[str, Any]:
         return {
@@ -330,55 +259,26 @@ class LLMClient(ClosingContext):
                 self._sync = OpenAI(**self._sdk_kwargs())
             return self._sync
 
-    async def _loop_state(self) -> _LoopState:
-        """The async client + semaphore of the running loop, created on first use in that loop.
-
-        One set per loop because asyncio primitives and httpx's async pool are bound to the loop they were
-        first used on (see :func:`~agentevolver.client.http.loop_local`).
-        """
+    async def _loop_pool(self) -> LoopPool:
+        """The async client + semaphore of the running loop, created on first use in that loop."""
         with self._lock:
-            state, fresh = loop_local(self._loop_states, self._new_loop_state)
+            pool, fresh = loop_local(self._loop_pools, self._new_loop_pool)
         if fresh:
-            await anext(state.guard)  # start it, so the loop tracks it for shutdown_asyncgens()
-        return state
+            await anext(pool.guard)  # start it, so the loop tracks it for shutdown_asyncgens()
+        return pool
 
-    def _new_loop_state(self, loop: asyncio.AbstractEventLoop) -> _LoopState:
-        client = AsyncOpenAI(**self._sdk_kwargs())
-        return _LoopState(loop=loop, client=client, slots=asyncio.Semaphore(self._endpoint.max_concurrency),
-                          guard=_close_on_loop_shutdown(client))
+    def _new_loop_pool(self, loop: asyncio.AbstractEventLoop) -> LoopPool:
+        return open_loop_pool(loop, AsyncOpenAI(**self._sdk_kwargs()), self._endpoint.max_concurrency)
 
-    def _request(
-        self,
-        messages: Sequence[Message],
-        temperature: float | None,
-        max_tokens: int | None,
-        stop: str | Sequence[str] | None,
-        extra: Mapping[str, Any],
-    ) -> dict[str, Any]:
-        if isinstance(messages, str | bytes) or not messages:
-            raise ValueError(
-                "messages must be a non-empty sequence of {'role': ..., 'content': ...} mappings"
-            )
-        request: dict[str, Any] = {
-            "model": self._endpoint.model,
-            "messages": [dict(m) for m in messages],
-            "temperature": self._endpoint.temperature if temperature is None else temperature,
-            "max_tokens": self._endpoint.max_tokens if max_tokens is None else max_tokens,
-        }
-        if stop is not None:
-            request["stop"] = stop if isinstance(stop, str) else list(stop)
-        if extra:
-            request["extra_body"] = dict(extra)
-        return request
-
-    def _retrying(self, kind: type[Retrying] | type[AsyncRetrying]) -> Any:
+    def _retrying(self, **options: Any) -> Retrying:
         ep = self._endpoint
-        return kind(
+        return Retrying(
             stop=stop_after_attempt(ep.max_retries + 1),
             wait=FullJitterBackoff(ep.backoff_initial_s, ep.backoff_max_s),
             retry=retry_if_exception_type(RetryableFailure),
             before_sleep=self._log_retry,
             reraise=True,
+            **options,
         )
 
     def _log_retry(self, retry_state: RetryCallState) -> None:
@@ -391,107 +291,6 @@ class LLMClient(ClosingContext):
             self._endpoint.max_retries + 1,
             failure,
             delay,
-        )
-
-    def _send_sync(self, request: dict[str, Any], format_added: bool) -> Any:
-        try:
-            return self._sync_client().chat.completions.create(**request)
-        except Exception as exc:
-            raise self._classify(exc, format_added) from exc
-
-    async def _send_async(self, client: AsyncOpenAI, request: dict[str, Any], format_added: bool) -> Any:
-        try:
-            return await client.chat.completions.create(**request)
-        except Exception as exc:
-            raise self._classify(exc, format_added) from exc
-
-    def _to_result(self, response: Any, attempts: int) -> ChatResult:
-        """Turn an SDK response into a :class:`ChatResult`; a reply without a usable choice is retryable."""
-        choices = getattr(response, "choices", None)
-        if not choices:
-            raise RetryableFailure(f"HTTP 200 without choices (malformed reply: {_short(response)})")
-        choice = choices[0]
-        message = getattr(choice, "message", None)
-        if message is None:
-            raise RetryableFailure(
-                f"HTTP 200 whose first choice has no message (malformed reply: {_short(response)})"
-            )
-        usage = getattr(response, "usage", None)
-        return ChatResult(
-            text=getattr(message, "content", None) or "",
-            finish_reason=getattr(choice, "finish_reason", None),
-            usage=Usage(
-                prompt_tokens=int(getattr(usage, "prompt_tokens", 0) or 0),
-                completion_tokens=int(getattr(usage, "completion_tokens", 0) or 0),
-            ),
-            model=getattr(response, "model", None) or self._endpoint.model,
-            attempts=attempts,
-        )
-
-    def _classify(self, exc: Exception, format_added: bool = False) -> Exception:
-        """Map an exception from the SDK call to :class:`RetryableFailure`, :class:`_FormatRefused` (the server
-        does not take the ``response_format`` this client added) or a final :class:`LLMError`."""
-        ep = self._endpoint
-        if (format_added and isinstance(exc, openai.APIStatusError)
-                and is_format_refusal(exc.status_code, exc.body, exc.message)):
-            return _FormatRefused(f"HTTP {exc.status_code}: {_short(exc.message)}")
-        if isinstance(exc, openai.APITimeoutError):
-            return RetryableFailure(f"no reply within timeout_s={ep.timeout_s} s")
-        if isinstance(exc, openai.APIConnectionError):
-            cause = exc.__cause__ or exc.__context__
-            detail = f": {cause}" if cause is not None and str(cause) else ""
-            return RetryableFailure(f"could not connect to {ep.base_url}{detail}")
-        if isinstance(exc, openai.APIStatusError):
-            status = exc.status_code
-            detail = _short(exc.message)
-            if is_retryable_status(status):
-                return RetryableFailure(
-                    f"HTTP {status}: {detail}", retry_after_s=retry_after_s(exc.response.headers)
-                )
-            return LLMError(f"{self._where} answered HTTP {status} ({detail}); {self._fix_for(status)}")
-        if isinstance(exc, json.JSONDecodeError):
-            return RetryableFailure(f"reply body is not JSON ({exc})")
-        return LLMError(
-            f"{self._where}: request failed with {type(exc).__name__}: {_short(str(exc))}; check the request "
-            f"arguments and that {ep.base_url} is an OpenAI-compatible server"
-        )
-
-    def _fix_for(self, status: int) -> str:
-        """What the user should change for a non-retryable HTTP status: the point of the error message."""
-        ep, key = self._endpoint, self._config_key
-        if status == 401:
-            if ep.api_key_env is None:
-                return (
-                    f"the endpoint wants an API key: set {key}.api_key_env to the name of an env var "
-                    "and export the key in it"
-                )
-            if not self._key_is_set:
-                return f"set the env var {ep.api_key_env} to the API key (it is unset, so a placeholder was sent)"
-            return f"the key in env var {ep.api_key_env} was rejected: check it is valid for {ep.base_url}"
-        if status == 403:
-            return (
-                f"the API key (env var {ep.api_key_env}) may not use model {ep.model!r}: check the key's "
-                f"permissions or {key}.model"
-            )
-        if status == 404:
-            return (
-                f"check {key}.model (does the server serve {ep.model!r}?) and {key}.base_url "
-                "(OpenAI-compatible base URLs usually end in /v1)"
-            )
-        if status in (400, 413, 422):
-            return (
-                "the server rejected the request itself: check the messages and sampling arguments "
-                f"(is max_tokens={ep.max_tokens} plus the prompt within the model's context window? "
-                "are extra keyword arguments supported by this server?)"
-            )
-        return f"HTTP {status} is not retryable; check {key} and the server's logs"
-
-    def _exhausted(self, failure: RetryableFailure, attempts: int) -> LLMError:
-        ep, key = self._endpoint, self._config_key
-        return LLMError(
-            f"{self._where} failed after {attempts} attempt(s) (max_retries={ep.max_retries}); last error: "
-            f"{failure.reason}. Check that the server is up and reachable at {ep.base_url}; if it is only slow "
-            f"or rate-limited, raise {key}.timeout_s or {key}.max_retries, or lower {key}.max_concurrency."
         )
 
 
@@ -548,29 +347,3 @@ def _as_llm_config(llm_config: LLMConfig | Mapping[str, Any]) -> LLMConfig:
 
 def _rebuild_client(endpoint: LLMEndpointConfig, name: str | None) -> LLMClient:
     return LLMClient(endpoint, name=name)
-
-
-def _close_state_without_awaiting(state: _LoopState) -> None:
-    """Close an async pool from synchronous code, on the pool's own loop where that loop still lives."""
-    loop = state.loop
-    if loop.is_closed():
-        return  # its shutdown_asyncgens() already closed the pool (or the loop was closed without one)
-    try:
-        running = asyncio.get_running_loop()
-    except RuntimeError:
-        running = None
-    if loop.is_running():
-        if running is loop:
-            # called synchronously from inside that loop: schedule, as we cannot block it
-            task = loop.create_task(state.guard.aclose())
-            _background_closes.add(task)
-            task.add_done_callback(_background_closes.discard)
-        else:
-            asyncio.run_coroutine_threadsafe(state.guard.aclose(), loop)
-    elif running is None:
-        loop.run_until_complete(state.guard.aclose())
-
-
-def _short(value: Any) -> str:
-    text = str(value)
-    return text if len(text) <= _MAX_DETAIL_CHARS else text[: _MAX_DETAIL_CHARS - 3] + "..."
