@@ -197,6 +197,37 @@ async def test_async_chat(scripted_llm: ScriptedOpenAIServer, api_key: str) -> N
     assert request.headers["authorization"] == f"Bearer {api_key}"
 
 
+async def test_sync_chat_works_inside_a_running_event_loop(scripted_llm: ScriptedOpenAIServer) -> None:
+    """Sync callers live inside event loops (verl's agent loop, FastAPI handlers): ``chat`` must neither start a
+    loop nor need one (the reason chat and achat share one operation run by two drivers, not an async core)."""
+    scripted_llm.plan(Reply.error(503), "from inside a loop")
+    asyncio.get_running_loop()  # there is one
+    result = LLMClient(scripted_llm.endpoint(max_retries=1)).chat(HELLO)
+    assert (result.text, result.attempts) == ("from inside a loop", 2)
+
+
+async def test_an_async_backoff_leaves_the_event_loop_running(scripted_llm: ScriptedOpenAIServer) -> None:
+    """A retry's backoff is awaited, so other coroutines on the loop run while it waits."""
+    # Retry-After (1 s) capped by backoff_max_s: a 0.5 s wait, not a jittered one
+    scripted_llm.plan(Reply.error(429, "slow down", headers={"retry-after": "1"}), "after the backoff")
+    endpoint = scripted_llm.endpoint(max_retries=1, backoff_initial_s=0.5, backoff_max_s=0.5)
+    ticks = 0
+
+    async def ticker() -> None:
+        nonlocal ticks
+        while True:
+            await asyncio.sleep(0.02)
+            ticks += 1
+
+    task = asyncio.create_task(ticker())
+    try:
+        result = await LLMClient(endpoint).achat(HELLO)
+    finally:
+        task.cancel()
+    assert result.text == "after the backoff"
+    assert ticks >= 5  # the loop kept running through the backoff
+
+
 def test_empty_messages_is_a_caller_error(scripted_llm: ScriptedOpenAIServer) -> None:
     with pytest.raises(ValueError, match="messages"):
         LLMClient(scripted_llm.endpoint()).chat([])
