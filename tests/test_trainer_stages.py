@@ -21,8 +21,8 @@ from agentevolver.models import resolve_model_path
 from agentevolver.module.agent_flow import read_rollout_dump
 from agentevolver.schema import Task, TaskObjective
 from agentevolver.verl.agent_loop import episode_spec_from_row
-from agentevolver.verl.step.episode_metrics import episode_metrics
 from agentevolver.verl.step.dump import dump_records
+from agentevolver.verl.step.episode_metrics import episode_metrics
 from agentevolver.verl.task_dataset import TaskDataset, tasks_from_env_service
 
 

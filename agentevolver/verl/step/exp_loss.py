@@ -14,7 +14,8 @@ wraps it: it reads ``exp_mask`` (a tensor of the training batch) and ``exp_off_c
 data, from ``DataProto.meta_info``) from the micro-batch, publishes them in the context variable
 :data:`EXP_LOSS_INPUTS` for the duration of the call, and calls verl's ``ppo_loss`` unchanged; the policy
 loss reads them back. A context variable (not a module global) keeps concurrent or nested calls apart.
-``agentevolver.verl.patches.apply_exp_loss`` makes verl's actor worker use the wrapper.
+The trainer gives verl's actor worker the wrapper through verl's own seam, ``set_loss_fn``
+(:meth:`agentevolver.verl.step.trainer.AgentEvolverTrainer.init_workers`); nothing is patched.
 """
 
 from __future__ import annotations
