@@ -166,8 +166,8 @@ def _check_loggers(value: object) -> None:
 def check_verl_patches() -> None:
     """Every guard of :mod:`agentevolver.verl.patches`, here on the driver before Ray starts: a verl that no
     longer matches a patch stops the run with the verl version and the patch named."""
-    from agentevolver.backends.cpu import verl_platform as cpu_platform
     from agentevolver.verl import patches
+    from agentevolver.verl.cpu import platform as cpu_platform
 
     try:
         patches.check_all(cpu=cpu_platform.selected())

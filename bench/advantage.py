@@ -8,7 +8,7 @@ A synthetic batch shaped like the trainer's: ``--batch`` responses of ``--length
 -1), then padding; binary outcomes; a GOOD/BAD label per step (about 10% of samples without labels, i.e. GRPO
 fallback). Rows, all in this process on the same batch:
 
-* naive per-sample loop: :func:`agentevolver.module.adv_processor.naive.naive_prm_grpo_advantages` (Python
+* naive per-sample loop: :func:`tools.adv_oracle.naive_prm_grpo_advantages` (Python
   lists per sample, dict group statistics, a per-sample masked assignment onto tokens; the reference's way);
 * vectorised core: :func:`prm_grpo_advantages` on (B, L) step ids already in a tensor;
 * vectorised from a DataProto with list step ids: :func:`compute_prm_grpo_advantages` reading step ids as the
@@ -27,8 +27,10 @@ from __future__ import annotations
 
 import argparse
 import random
+import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -37,10 +39,17 @@ from rich.console import Console
 from rich.table import Table
 from verl import DataProto
 
-from agentevolver.module.adv_processor import AdcaHyper, compute_prm_grpo_advantages, prm_grpo_advantages
-from agentevolver.module.adv_processor.adca_grpo import num_steps, pack_step_flags
-from agentevolver.module.adv_processor.naive import naive_prm_grpo_advantages
-from agentevolver.verl.agent_loop import padded_step_ids
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))  # the oracle lives in tools/, outside the installed package
+
+from agentevolver.module.adv_processor import (  # noqa: E402
+    AdcaHyper,
+    compute_prm_grpo_advantages,
+    prm_grpo_advantages,
+)
+from agentevolver.module.adv_processor.adca_grpo import num_steps, pack_step_flags  # noqa: E402
+from agentevolver.verl.agent_loop import padded_step_ids  # noqa: E402
+from tools.adv_oracle import naive_prm_grpo_advantages  # noqa: E402
 
 GROUP = 8
 

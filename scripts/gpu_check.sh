@@ -8,7 +8,7 @@
 #   bash scripts/gpu_check.sh --report RUN_DIR     only the report, on a finished run folder (no GPU needed)
 #   bash scripts/gpu_check.sh --kernels [ARGS ...] only our own tensor code on CUDA, with torch, transformers and
 #                                                  numpy alone (no install, no verl/vLLM/Ray, about a minute):
-#                                                  python -m agentevolver.backends.gpu_kernel_check ARGS
+#                                                  python -m tools.gpu_kernel_check ARGS
 #                                                  (--device cpu is its dry run; --help lists the rest)
 #
 # Needs one CUDA GPU and no internet: with AGENTEVOLVER_WHEELHOUSE=<folder of wheels> pip installs from that
@@ -117,7 +117,7 @@ if [ "${1:-}" = "--kernels" ]; then
   if [ -z "$KPY" ]; then
     if [ -x "$ROOT/.venv/bin/python" ]; then KPY="$ROOT/.venv/bin/python"; else KPY=python3; fi
   fi
-  exec "$KPY" -m agentevolver.backends.gpu_kernel_check "$@"
+  exec "$KPY" -m tools.gpu_kernel_check "$@"
 fi
 
 if [ "${1:-}" = "--report" ]; then

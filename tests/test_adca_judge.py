@@ -25,7 +25,7 @@ from verl.workers.rollout.replica import TokenOutput
 
 from agentevolver.client.env_client import EnvClient, EnvClientSettings
 from agentevolver.client.llm_client import LLMClient
-from agentevolver.config import compose_config
+from agentevolver.config import compose_config, validate_config
 from agentevolver.errors import ConfigError
 from agentevolver.models import resolve_model_path
 from agentevolver.module.adv_processor import (
@@ -267,6 +267,11 @@ def stage_config(scripted_llm: ScriptedOpenAIServer, *extra: str) -> Any:
         "attribution_driven_credit_assignment.adca_grpo.alpha=0.5", *extra])
 
 
+def adca_stage(config: Any, total_training_steps: int, **kwargs: Any) -> AdcaStage:
+    """The stage as the trainer builds it: with the run's settings, validated once by the entry point."""
+    return AdcaStage(config, total_training_steps, settings=validate_config(config), **kwargs)
+
+
 async def test_stage_rewrites_the_advantages_of_a_real_batch(service: str, scripted_llm: ScriptedOpenAIServer,
                                                              tmp_path: Path) -> None:
     batch = await real_batch(service)
@@ -279,7 +284,7 @@ async def test_stage_rewrites_the_advantages_of_a_real_batch(service: str, scrip
         return planned if planned is not None else labels(body)
 
     scripted_llm.respond_with(responder)
-    stage = AdcaStage(stage_config(scripted_llm, "attribution_driven_credit_assignment.judge.parse_retries=0"),
+    stage = adca_stage(stage_config(scripted_llm, "attribution_driven_credit_assignment.judge.parse_retries=0"),
                       total_training_steps=10)
     metrics = stage.apply(batch, step=1)
     stage.close()
@@ -311,14 +316,14 @@ async def test_the_judge_stage_runs_before_any_advantage_and_reads_the_same_grpo
     advantage stage. The judge sees the GRPO advantage it would have read from the batch, so skip rules
     decide alike."""
     batch = await real_batch(service)
-    with_adv = AdcaStage(stage_config(scripted_llm), 10)
+    with_adv = adca_stage(stage_config(scripted_llm), 10)
     expected = [item.grpo_advantage for item in judge_inputs(batch, 2000)]
     for key in ("advantages", "returns", "token_level_rewards"):
         batch.batch.pop(key)
     seen = [item.grpo_advantage for item in judge_inputs(batch, 2000)]
     assert seen == pytest.approx(expected, abs=1e-5)
     scripted_llm.respond_with(labels)
-    stage = AdcaStage(stage_config(scripted_llm, "algorithm.adv_estimator=adca_grpo"), 10)
+    stage = adca_stage(stage_config(scripted_llm, "algorithm.adv_estimator=adca_grpo"), 10)
     found = stage.label(batch, step=1)
     assert found is not None and len(found.flags) == len(batch) and found.metrics["adca/judge/judged"] == 5
     with_adv.close()
@@ -329,9 +334,9 @@ async def test_stage_outside_prm_steps_or_disabled_calls_no_judge(service: str,
                                                                   scripted_llm: ScriptedOpenAIServer) -> None:
     batch = await real_batch(service)
     grpo = batch.batch["advantages"].clone()
-    stage = AdcaStage(stage_config(scripted_llm, "attribution_driven_credit_assignment.adca_grpo.prm_steps=2"), 10)
+    stage = adca_stage(stage_config(scripted_llm, "attribution_driven_credit_assignment.adca_grpo.prm_steps=2"), 10)
     assert stage.apply(batch, step=3) == {"adca/active": 0.0}
-    off = AdcaStage(compose_config([f"llm.endpoints.local.base_url={scripted_llm.base_url}"]), 10)
+    off = adca_stage(compose_config([f"llm.endpoints.local.base_url={scripted_llm.base_url}"]), 10)
     assert off.apply(batch, step=1) == {}
     assert torch.equal(batch.batch["advantages"], grpo) and not scripted_llm.requests
     assert "step_flags" not in batch.non_tensor_batch
@@ -340,18 +345,18 @@ async def test_stage_outside_prm_steps_or_disabled_calls_no_judge(service: str,
 def test_stage_alpha_decays_along_the_configured_schedule(scripted_llm: ScriptedOpenAIServer) -> None:
     decay = ["attribution_driven_credit_assignment.adca_grpo.alpha_cosine_decay_enable=true",
              "attribution_driven_credit_assignment.adca_grpo.alpha_min=0.1"]
-    stage = AdcaStage(stage_config(scripted_llm, *decay), total_training_steps=5)
+    stage = adca_stage(stage_config(scripted_llm, *decay), total_training_steps=5)
     assert [round(stage.alpha(s), 6) for s in (1, 6, 9)] == [0.5, 0.1, 0.1]
-    fixed = AdcaStage(stage_config(scripted_llm, *decay, "attribution_driven_credit_assignment.adca_grpo.total_steps=9"),
+    fixed = adca_stage(stage_config(scripted_llm, *decay, "attribution_driven_credit_assignment.adca_grpo.total_steps=9"),
                       total_training_steps=5)
     assert fixed.alpha(6) > 0.1
 
 
 def test_stage_rejects_a_non_grpo_estimator(scripted_llm: ScriptedOpenAIServer) -> None:
     with pytest.raises(ConfigError, match=r"set algorithm\.adv_estimator=adca_grpo"):
-        AdcaStage(stage_config(scripted_llm, "algorithm.adv_estimator=gae"), 10)
+        adca_stage(stage_config(scripted_llm, "algorithm.adv_estimator=gae"), 10)
     with pytest.raises(ConfigError, match="allocation_inconsistent_weight"):
-        AdcaStage(stage_config(scripted_llm, "attribution_driven_credit_assignment.adca_grpo."
+        adca_stage(stage_config(scripted_llm, "attribution_driven_credit_assignment.adca_grpo."
                                "allocation_inconsistent_weight=0"), 10)
 
 

@@ -26,7 +26,7 @@ from agentevolver.module.adv_processor.adca_grpo import (
     ragged_to_padded,
     step_ids_tensor,
 )
-from agentevolver.module.adv_processor.naive import naive_prm_grpo_advantages
+from tools.adv_oracle import naive_prm_grpo_advantages
 
 GOOD, BAD = True, False
 R2, R3 = math.sqrt(2.0), math.sqrt(3.0)

@@ -526,6 +526,10 @@ async def test_verl_agent_loop_runs_the_episode(service: str) -> None:
     loop = AgentEvolverAgentLoop(trainer_config=DictConfigWrap(cfg), server_manager=ServerManager(),
                                  tokenizer=tokenizer(), processor=None, dataset_cls=None,
                                  data_config=DictConfigWrap(cfg.data))
+    again = AgentEvolverAgentLoop(trainer_config=DictConfigWrap(cfg), server_manager=loop.server_manager,
+                                  tokenizer=loop.tokenizer, processor=None, dataset_cls=None,
+                                  data_config=DictConfigWrap(cfg.data))
+    assert again.context is loop.context  # verl builds a loop per sample; the flow is built once per process
     out = await loop.run(dict(SAMPLING, logprobs=True), task=original_objectives(["t1"], "echo", "env")[0],
                          uid="u7")
     assert out.reward_score == 1.0 and out.num_turns == 2

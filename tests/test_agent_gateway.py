@@ -435,6 +435,26 @@ async def test_bad_requests_unknown_and_finished_episodes_get_json_errors(env: E
     await source.server.stop()
 
 
+def test_the_agent_loop_gets_the_program_source_from_the_registry_once_per_process() -> None:
+    """The gateway registers its episode source itself (the verl plugin imports it where agent loops run), so
+    the agent loop picks it by name and never imports the gateway; loop objects of one worker share it."""
+    import ast
+
+    import agentevolver.verl.agent_loop as agent_loop
+    from agentevolver.config import compose_config
+
+    tree = ast.parse(Path(agent_loop.__file__).read_text())
+    imported = {node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)}
+    imported |= {alias.name for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names}
+    assert not any(name and name.startswith("agentevolver.gateway") for name in imported)
+    cfg = compose_config([f"agent_program.callable={THIS}:no_call"])
+    policy = ScriptedPolicy()
+    context = agent_loop.worker_context(cfg, policy, tokenizer())
+    assert isinstance(context.episodes, ProgramEpisodes)
+    assert agent_loop.worker_context(cfg, policy, tokenizer()) is context
+    assert agent_loop.worker_context(cfg, ScriptedPolicy(), tokenizer()) is not context  # another server manager
+
+
 def test_program_settings_are_checked_with_the_key_named(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match=r"agent_program\.callable"):
         load_callable("no_such_module_xyz:run")

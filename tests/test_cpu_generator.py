@@ -16,9 +16,9 @@ from typing import Any
 import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaForCausalLM
-from verl.workers.rollout.replica import TokenOutput
 
 from agentevolver.backends.cpu import GenerationError, GeneratorClosedError, HFGenerator
+from agentevolver.backends.cpu.generator import TokenOutput
 from agentevolver.models import resolve_model_path
 
 EOS = 2  # tiny-test's "<|im_end|>"

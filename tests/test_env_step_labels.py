@@ -381,6 +381,11 @@ def stage_config(service: str, scripted_llm: ScriptedOpenAIServer, *extra: str) 
         "attribution_driven_credit_assignment.adca_grpo.alpha=0.5", *extra])
 
 
+def adca_stage(config: Any, total_training_steps: int, **kwargs: Any) -> AdcaStage:
+    """The stage as the trainer builds it: with the run's settings, validated once by the entry point."""
+    return AdcaStage(config, total_training_steps, settings=validate_config(config), **kwargs)
+
+
 def all_good(body: dict[str, Any]) -> str:
     """A judge that praises every step."""
     count = int(re.search(r"## Steps \((\d+)\)", body["messages"][-1]["content"]).group(1))
@@ -392,7 +397,7 @@ async def test_source_env_trains_on_environment_labels_without_any_llm_call(
     batch = await real_batch(service)
     grpo = batch.batch["advantages"].clone()
     scripted_llm.respond_with(all_good)  # would answer, if it were asked
-    stage = AdcaStage(stage_config(service, scripted_llm, "attribution_driven_credit_assignment.judge.source=env"), 10)
+    stage = adca_stage(stage_config(service, scripted_llm, "attribution_driven_credit_assignment.judge.source=env"), 10)
     metrics = stage.apply(batch, step=1)
     stage.close()
 
@@ -417,7 +422,7 @@ async def test_source_llm_logs_agreement_with_the_environment(service: str,
                                                               scripted_llm: ScriptedOpenAIServer) -> None:
     batch = await real_batch(service)
     scripted_llm.respond_with(all_good)
-    stage = AdcaStage(stage_config(service, scripted_llm), 10)  # compare_with_env: auto (the default)
+    stage = adca_stage(stage_config(service, scripted_llm), 10)  # compare_with_env: auto (the default)
     metrics = stage.apply(batch, step=1)
     stage.close()
 
@@ -432,7 +437,7 @@ async def test_source_llm_logs_agreement_with_the_environment(service: str,
 
     scripted_llm.reset()
     scripted_llm.respond_with(all_good)
-    off = AdcaStage(stage_config(service, scripted_llm, "attribution_driven_credit_assignment.judge."
+    off = adca_stage(stage_config(service, scripted_llm, "attribution_driven_credit_assignment.judge."
                                  "compare_with_env=false"), 10)
     quiet = off.apply(await real_batch(service), step=1)
     off.close()
@@ -472,7 +477,7 @@ def test_the_stage_reads_label_synthetic_tasks(scripted_llm: ScriptedOpenAIServe
     for value, expected in (("true", True), ("false", False)):
         config = stage_config("http://127.0.0.1:9", scripted_llm, "attribution_driven_credit_assignment.judge.source=env",
                               f"attribution_driven_credit_assignment.judge.label_synthetic_tasks={value}")
-        stage = AdcaStage(config, 10)
+        stage = adca_stage(config, 10)
         assert stage.env_labeller._label_synthetic_tasks is expected
         stage.close()
 

@@ -159,8 +159,9 @@ def test_only_the_update_modes_summarise_during_training() -> None:
         manager = ExperienceManager.from_config(cfg, validate_config(cfg))
         assert manager.active, mode
         assert any(manager.summaries_due(step) for step in range(1, 20)) == updates, mode
-    assert ExperienceManager.from_config(compose_config(["exp_mode=init_train"])).exp.init_exp_before_training
-    assert not ExperienceManager.from_config(compose_config(["exp_mode=exist_train"])).exp.init_exp_before_training
+    init_train, exist_train = compose_config(["exp_mode=init_train"]), compose_config(["exp_mode=exist_train"])
+    assert ExperienceManager.from_config(init_train, validate_config(init_train)).exp.init_exp_before_training
+    assert not ExperienceManager.from_config(exist_train, validate_config(exist_train)).exp.init_exp_before_training
 
 
 # ----------------------------------------------------------------------------------------- against the service

@@ -1,4 +1,4 @@
-"""The GPU kernel check (agentevolver/backends/gpu_kernel_check.py) keeps working where it is meant to run.
+"""The GPU kernel check (tools/gpu_kernel_check.py) keeps working where it is meant to run.
 
 The GPU machine it is written for has torch, transformers and numpy, but not verl, Ray, vLLM, tensordict,
 pydantic, omegaconf or hydra. Here those are installed, so every subprocess below gets a ``sitecustomize``
@@ -98,8 +98,8 @@ def test_dry_run_through_the_entry_point(tmp_path: Path, blocked_env: tuple[dict
 def test_module_closure_imports_without_what_the_gpu_machine_lacks(
         tmp_path: Path, blocked_env: tuple[dict[str, str], Path]) -> None:
     env, record = blocked_env
-    code = ("import agentevolver.backends.gpu_kernel_check as check\n"
-            "groups, adca, naive = check.adca_modules()\n"
+    code = ("import tools.gpu_kernel_check as check\n"
+            "groups, adca, oracle = check.adca_modules()\n"
             "from agentevolver.backends.cpu.generator import TokenOutput\n"
             "assert TokenOutput.__module__ == 'agentevolver.backends.cpu.generator', TokenOutput.__module__\n")
     done = subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, env=env, capture_output=True, text=True,
@@ -110,7 +110,7 @@ def test_module_closure_imports_without_what_the_gpu_machine_lacks(
 
 def test_a_failing_check_exits_1(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                  capsys: pytest.CaptureFixture[str]) -> None:
-    from agentevolver.backends import gpu_kernel_check
+    from tools import gpu_kernel_check
 
     def broken(device: object, seed: int) -> None:
         raise RuntimeError("index tensor on the wrong device")

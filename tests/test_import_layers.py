@@ -26,6 +26,9 @@ FORBIDDEN: dict[str, tuple[str, ...]] = {
     # Clients talk to services over HTTP and import the wire models, never a server package.
     "client": ("agentevolver.memory_service", "agentevolver.llm_server", "agentevolver.gateway", "env_service",
                "agentevolver.verl", "verl"),
+    # Generation backends are torch/transformers only; their verl adapters are agentevolver/verl/cpu/.
+    "backends": ("verl", "agentevolver.verl", "agentevolver.module", "agentevolver.client", "agentevolver.gateway",
+                 "agentevolver.memory_service", "agentevolver.llm_server", "env_service"),
     # The mechanisms run without verl (ARCHITECTURE.md: "module/ the mechanisms, no verl import").
     "module": ("verl", "agentevolver.verl", "agentevolver.gateway", "agentevolver.memory_service",
                "agentevolver.llm_server"),

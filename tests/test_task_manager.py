@@ -15,7 +15,7 @@ import pytest
 from scripted_openai_server import Reply, ScriptedOpenAIServer
 
 from agentevolver.client.llm_client import LLMClients
-from agentevolver.config import compose_config, load_config
+from agentevolver.config import compose_config, load_config, validate_config
 from agentevolver.embedders import build_embedder
 from agentevolver.errors import ConfigError
 from agentevolver.module.agent_flow.episode import EpisodeResult, EpisodeSpec
@@ -379,5 +379,5 @@ def test_env_grader_leaves_original_tasks_alone(scripted_llm: ScriptedOpenAIServ
     spec = spec.model_copy(update={"metadata": {"evaluator": "env"}})
     assert asyncio.run(agrade_episode(result, spec, GraderPool(settings, None))) is result
     assert not scripted_llm.requests
-    pool = GraderPool.from_config(compose_config())
+    pool = GraderPool.from_settings(validate_config(compose_config()))
     assert pool.get("env") is pool.get("env") and type(pool.get("llm")).__name__ == "LlmJudgeGrader"

@@ -22,7 +22,7 @@ from scripted_openai_server import Reply, ScriptedOpenAIServer
 
 from agentevolver.client.env_client import EnvClient
 from agentevolver.client.llm_client import LLMClients
-from agentevolver.config import compose_config, load_config
+from agentevolver.config import compose_config, load_config, validate_config
 from agentevolver.module.agent_flow.episode import EpisodeSpec
 from agentevolver.module.task_manager import TaskManager, read_objectives, seed_tasks
 from agentevolver.module.task_manager.masking import MASK, query_fragments
@@ -168,7 +168,7 @@ def test_n_zero_sends_no_llm_request(codebox: str, scripted_llm: ScriptedOpenAIS
     assert env_requests == 1  # only listing the seed tasks; nothing explored
     assert not (tmp_path / "checkpoint.json").exists() and not (tmp_path / "tasks.jsonl").exists()
     cfg = compose_config(_overrides(codebox, scripted_llm, tmp_path, "task_manager.n=0", "data.val_max_samples=2"))
-    train, val = build_task_datasets(cfg)
+    train, val = build_task_datasets(cfg, validate_config(cfg))
     assert not scripted_llm.requests
     assert len(train) == len(get_task.__globals__["task_ids"]("train")) and len(val) == 2
     assert all(o.source == "original" and o.task.query is None for o in train.objectives + val.objectives)
@@ -184,7 +184,7 @@ def test_trainer_datasets_mix_synthetic_tasks_into_training_only(
     overrides = _overrides(codebox, scripted_llm, tmp_path, "task_manager.n=1", "task_manager.num_seed_tasks=2",
                            "task_manager.max_explore_step=1", "task_manager.mixture.synthetic_data_ratio=0.5",
                            "data.train_max_samples=6", "data.val_max_samples=3")
-    train, val = build_task_datasets(compose_config(overrides))
+    train, val = build_task_datasets(*load_config(overrides))
     requests = len(scripted_llm.requests)
     assert requests > 0
     synthetic = [o for o in train.objectives if o.source == "synthetic"]
@@ -199,7 +199,7 @@ def test_trainer_datasets_mix_synthetic_tasks_into_training_only(
     assert all(o.source == "original" for o in val.objectives)  # validation: original only
     assert train[0]["task"] is train.objectives[0]
     # a second start resumes the finished generation: no LLM request, the same datasets
-    train2, val2 = build_task_datasets(compose_config(overrides))
+    train2, val2 = build_task_datasets(*load_config(overrides))
     assert len(scripted_llm.requests) == requests
     assert train2.objectives == train.objectives and val2.objectives == val.objectives
 

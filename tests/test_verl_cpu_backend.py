@@ -37,7 +37,7 @@ from training_fixture import FP32, load_safetensors, training_timeout  # noqa: E
 
 pytest.importorskip("verl")
 
-SERVER_ACTOR = "hf_server_0_0"  # agentevolver.backends.cpu.verl_rollout.server_actor_name(0)
+SERVER_ACTOR = "hf_server_0_0"  # agentevolver.verl.cpu.rollout.server_actor_name(0)
 
 REWARD_SOURCE = f'''
 """Test reward: a deterministic pseudo-random score of the text, and a dump of the rollout server's weights.
@@ -115,9 +115,9 @@ def test_plugin_registrations_in_this_process():
     from verl.workers.rollout.base import get_rollout_class
     from verl.workers.rollout.replica import get_rollout_replica_class
 
-    from agentevolver.backends.cpu.verl_platform import PlatformCPU, torch_is_cpu_only
-    from agentevolver.backends.cpu.verl_rollout import HFReplica, HFServerAdapter
     from agentevolver.verl import patches
+    from agentevolver.verl.cpu.platform import PlatformCPU, torch_is_cpu_only
+    from agentevolver.verl.cpu.rollout import HFReplica, HFServerAdapter
 
     assert PlatformRegistry.get("cpu") is PlatformCPU
     assert get_rollout_replica_class("hf") is HFReplica
@@ -141,7 +141,7 @@ def test_device_module_has_every_attribute_verl_calls():
 
     import verl
 
-    from agentevolver.backends.cpu.verl_platform import device_module
+    from agentevolver.verl.cpu.platform import device_module
 
     pattern = re.compile(r"get_torch_device\(\)\.(\w+)")
     used = set()
@@ -195,8 +195,8 @@ def _server(**overrides: str):
     from omegaconf import OmegaConf
     from verl.workers.rollout.replica import RolloutMode
 
-    from agentevolver.backends.cpu.verl_rollout import HFRolloutServer
     from agentevolver.models import resolve_model_path
+    from agentevolver.verl.cpu.rollout import HFRolloutServer
 
     config = _compose_cpu(
         [
@@ -281,8 +281,8 @@ def test_legacy_trainer_runs_grpo_on_cpu(tmp_path: Path):
     from verl.trainer.main_ppo import run_ppo
     from verl.trainer.main_ppo_v0 import TaskRunner
 
-    from agentevolver.backends.cpu.verl_platform import torch_is_cpu_only
     from agentevolver.models import resolve_model_path
+    from agentevolver.verl.cpu.platform import torch_is_cpu_only
 
     if not torch_is_cpu_only():
         pytest.skip("CPU backend test: needs the CPU build of torch")

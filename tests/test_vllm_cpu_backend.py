@@ -90,8 +90,8 @@ def test_the_preset_is_the_cpu_preset_with_verls_vllm_rollout() -> None:
     assert cfg.trainer.device == "cpu" and cfg.actor_rollout_ref.actor.strategy == "fsdp2"  # from backend/cpu.yaml
     assert rollout.name == "vllm" and rollout.dtype == "float32" and rollout.enforce_eager is True
     assert rollout.enable_sleep_mode is False and rollout.free_cache_engine is False
-    assert rollout.engine_kwargs.vllm.worker_extension_cls == "agentevolver.backends.vllm_cpu.CPUWorkerExtension"
-    assert (REPO_ROOT / "agentevolver" / "backends" / "vllm_cpu.py").is_file()
+    assert rollout.engine_kwargs.vllm.worker_extension_cls == "agentevolver.verl.cpu.vllm.CPUWorkerExtension"
+    assert (REPO_ROOT / "agentevolver" / "verl" / "cpu" / "vllm.py").is_file()
     env = cfg.ray_kwargs.ray_init.runtime_env.env_vars
     assert env.VERL_PLATFORM == "cpu" and int(env.VLLM_CPU_KVCACHE_SPACE) >= 1
 

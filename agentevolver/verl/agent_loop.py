@@ -13,51 +13,47 @@ the environment's ``/create`` parameters under ``env_params``
 multi-sample context managers, which the trainer turns into rows of their own:
 :mod:`agentevolver.verl.step.sample_rows`) travels in ``extra_fields``.
 
-Process-wide objects (the env client's connection pool, the flow with its parsed config, parser, tool
-catalogue, clipper client and cache of environment tool schemas) are cached per worker process, keyed by
-the config they were built from: verl creates a loop object per *sample*, and rebuilding them per sample
-would validate the config, fetch the environment's tool schemas and open connection pools once per
-episode. They hold no per-episode state.
+Per worker process, one :class:`WorkerContext` holds what the episodes share: the validated settings, the env
+client's connection pool, the episode source (the agent flow, or the agent program through the gateway:
+:mod:`agentevolver.module.agent_flow.sources`, a registry the gateway registers itself into) and the
+synthetic tasks' grader pool. verl creates a loop object per *sample*; the context is built by the first and
+reused by the rest while the worker's config, server manager and tokenizer are the same objects (they are,
+for the worker's life), so the config is validated, the environment's tool schemas fetched and connection
+pools opened once per process, not once per episode. Nothing in it holds per-episode state.
+
+After the episode, :func:`compose_reward` is the one place its reward is finished: a synthetic task's grader,
+then ``reward.custom_reward_function`` (the order :mod:`agentevolver.verl.custom_reward` documents).
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import threading
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 from verl.experimental.agent_loop.agent_loop import AgentLoopBase, AgentLoopMetrics, AgentLoopOutput, register
 
 from agentevolver.client.env_client import EnvClient
-from agentevolver.config.agent_flow import AgentFlowConfig
-from agentevolver.config.agent_program import AgentProgramConfig
+from agentevolver.config import AgentEvolverSettings, validate_config
 from agentevolver.errors import ConfigError
 from agentevolver.module.agent_flow.episode import EpisodeResult, EpisodeSpec
-from agentevolver.module.agent_flow.flow import AgentFlow, clipper_for
+from agentevolver.module.agent_flow.sources import EpisodeSource, SourceParts, build_source
 from agentevolver.module.exp_manager.manager import PLAN_COLUMNS
 from agentevolver.module.task_manager.graders import GraderPool, agrade_episode
 from agentevolver.schema import TaskObjective
 from agentevolver.verl.custom_reward import apply_custom_reward
 
-__all__ = ["AGENT_LOOP_NAME", "AgentEvolverAgentLoop", "episode_spec_from_row", "flow_budgets", "retriever_for"]
+__all__ = ["AGENT_LOOP_NAME", "AgentEvolverAgentLoop", "WorkerContext", "compose_reward", "episode_spec_from_row",
+           "flow_budgets", "retriever_for", "worker_context"]
 
 logger = logging.getLogger(__name__)
 
 #: The name to put in ``rollout.agent.default_agent_loop`` / the ``agent_name`` column.
 AGENT_LOOP_NAME = "agentevolver"
-
-_CACHE_LOCK = threading.Lock()
-_ENV_CLIENTS: dict[str, EnvClient] = {}
-#: config key -> (server manager, tokenizer, flow); the first two are kept to check identity on reuse.
-_FLOWS: dict[str, tuple[Any, Any, AgentFlow]] = {}
-#: config key -> (server manager, tokenizer, agent-program episodes): one gateway per worker process.
-_PROGRAMS: dict[str, tuple[Any, Any, Any]] = {}
-#: Grader pools (synthetic tasks' LLM graders) per task_manager + llm config, one per worker process.
-_GRADERS: dict[str, Any] = {}
 
 
 class _FirstOnly(logging.Filter):
@@ -87,68 +83,6 @@ def flow_budgets(config: DictConfig) -> dict[str, int]:
     return {"max_prompt_len": prompt, "max_response_len": response, "max_model_len": prompt + response}
 
 
-def _plain(node: Any) -> Any:
-    return OmegaConf.to_container(node, resolve=True) if OmegaConf.is_config(node) else node
-
-
-def _shared_env_client(section: Any) -> EnvClient:
-    """One env client (one connection pool) per worker process and env-service config."""
-    key = json.dumps(_plain(section), sort_keys=True, default=str)
-    with _CACHE_LOCK:
-        client = _ENV_CLIENTS.get(key)
-        if client is None:
-            client = _ENV_CLIENTS[key] = EnvClient.from_config(section)
-        return client
-
-
-def _shared_flow(config: DictConfig, server_manager: Any, tokenizer: Any) -> AgentFlow:
-    """One :class:`AgentFlow` per worker process, config, server manager and tokenizer."""
-    sections = {name: _plain(config[name]) for name in ("agent_flow", "env_service", "llm", "memory", "exp_manager")}
-    key = json.dumps({**sections, **flow_budgets(config)}, sort_keys=True, default=str)
-    with _CACHE_LOCK:
-        cached = _FLOWS.get(key)
-        if cached is not None and cached[0] is server_manager and cached[1] is tokenizer:
-            return cached[2]
-    flow_config = AgentFlowConfig.model_validate(sections["agent_flow"])
-    flow = AgentFlow(
-        flow_config,
-        tokenizer=tokenizer,
-        env_client=_shared_env_client(config.env_service),
-        generate=server_manager.generate,
-        clipper=clipper_for(flow_config, config.llm),
-        retriever=retriever_for(config),
-        **flow_budgets(config),
-    )
-    with _CACHE_LOCK:
-        _FLOWS[key] = (server_manager, tokenizer, flow)
-    return flow
-
-
-def _shared_program_episodes(config: DictConfig, server_manager: Any, tokenizer: Any) -> Any:
-    """The agent-program episode source (:mod:`agentevolver.gateway`) when ``agent_program`` names a
-    program, one per worker process (it serves the gateway); None = episodes run the agent flow."""
-    section = _plain(config.get("agent_program")) or {}
-    program_config = AgentProgramConfig.model_validate(section)
-    if not program_config.enabled:
-        return None
-    sections = {name: _plain(config[name]) for name in ("agent_program", "agent_flow", "env_service", "memory",
-                                                         "exp_manager")}
-    key = json.dumps({**sections, **flow_budgets(config)}, sort_keys=True, default=str)
-    with _CACHE_LOCK:
-        cached = _PROGRAMS.get(key)
-        if cached is not None and cached[0] is server_manager and cached[1] is tokenizer:
-            return cached[2]
-    from agentevolver.gateway.runner import ProgramEpisodes
-
-    episodes = ProgramEpisodes(
-        program_config, AgentFlowConfig.model_validate(sections["agent_flow"]), tokenizer=tokenizer,
-        env_client=_shared_env_client(config.env_service), generate=server_manager.generate,
-        retriever=retriever_for(config), **flow_budgets(config))
-    with _CACHE_LOCK:
-        _PROGRAMS[key] = (server_manager, tokenizer, episodes)
-    return episodes
-
-
 def retriever_for(config: DictConfig) -> Any:
     """Self-Navigating's experience retriever when the run retrieves experience (memory.enable_context_generator)."""
     if not bool(config.memory.enable_context_generator):
@@ -158,15 +92,61 @@ def retriever_for(config: DictConfig) -> Any:
     return ExperienceRetriever.from_config(config)
 
 
-def _shared_grader_pool(config: DictConfig) -> Any:
-    """One grader pool per worker process and config: synthetic tasks name an LLM grader, and its client
-    (connection pool, concurrency limit) is shared by every episode of the process."""
-    key = json.dumps({name: _plain(config[name]) for name in ("task_manager", "llm")}, sort_keys=True, default=str)
-    with _CACHE_LOCK:
-        pool = _GRADERS.get(key)
-        if pool is None:
-            pool = _GRADERS[key] = GraderPool.from_config(config)
-        return pool
+@dataclass(frozen=True)
+class WorkerContext:
+    """What every loop object of one worker process shares (module docstring), built from the config once.
+
+    ``config``, ``server_manager`` and ``tokenizer`` are the objects it was built for (:meth:`serves`);
+    ``settings`` are the run's sections, validated here: this process's entry point.
+    """
+
+    config: DictConfig
+    server_manager: Any
+    tokenizer: Any
+    settings: AgentEvolverSettings
+    env_client: EnvClient
+    episodes: EpisodeSource
+    graders: GraderPool
+    response_length: int
+
+    @classmethod
+    def build(cls, config: DictConfig, server_manager: Any, tokenizer: Any) -> WorkerContext:
+        settings = validate_config(config)
+        env_client = EnvClient.from_config(settings.env_service)
+        parts = SourceParts(settings=settings, tokenizer=tokenizer, generate=server_manager.generate,
+                            env_client=env_client, budgets=flow_budgets(config), retriever=retriever_for(config))
+        return cls(config=config, server_manager=server_manager, tokenizer=tokenizer, settings=settings,
+                   env_client=env_client, episodes=build_source(parts),
+                   graders=GraderPool.from_settings(settings),
+                   response_length=int(config.actor_rollout_ref.rollout.response_length))
+
+    def serves(self, config: DictConfig, server_manager: Any, tokenizer: Any) -> bool:
+        """Whether this context was built for these very objects (identity, not equality)."""
+        return self.config is config and self.server_manager is server_manager and self.tokenizer is tokenizer
+
+
+_CONTEXT_LOCK = threading.Lock()
+_CONTEXT: WorkerContext | None = None
+
+
+def worker_context(config: DictConfig, server_manager: Any, tokenizer: Any) -> WorkerContext:
+    """The process's :class:`WorkerContext`, built on first use and rebuilt only for other config, server
+    manager or tokenizer objects (a test process that builds several loops; a worker never does)."""
+    global _CONTEXT
+    with _CONTEXT_LOCK:
+        if _CONTEXT is None or not _CONTEXT.serves(config, server_manager, tokenizer):
+            _CONTEXT = WorkerContext.build(config, server_manager, tokenizer)
+        return _CONTEXT
+
+
+async def compose_reward(result: EpisodeResult, spec: EpisodeSpec, row: Mapping[str, Any],
+                         context: WorkerContext) -> EpisodeResult:
+    """The episode's final reward on top of its source's score (env ``/evaluate`` or the program's): a task
+    that names its own grader (e.g. a synthetic task) is re-scored by it, then the custom reward function
+    (``reward.custom_reward_function``), if any, has the last word."""
+    if spec.task is not None and spec.task.evaluator != "env":
+        result = await agrade_episode(result, spec, context.graders)
+    return await apply_custom_reward(result, spec, row, context.config, context.tokenizer)
 
 
 def episode_spec_from_row(row: Mapping[str, Any]) -> EpisodeSpec:
@@ -190,22 +170,19 @@ def episode_spec_from_row(row: Mapping[str, Any]) -> EpisodeSpec:
 
 @register(AGENT_LOOP_NAME)
 class AgentEvolverAgentLoop(AgentLoopBase):
-    """verl agent loop running one :class:`AgentFlow` episode per sample."""
+    """verl agent loop running one episode per sample (its worker's :class:`WorkerContext` says how)."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        #: Where episodes come from: the user's agent program through the gateway (``agent_program``), or
-        #: the agent flow. Both return an EpisodeResult, so everything after the episode is the same.
-        self.episodes = _shared_program_episodes(self.config, self.server_manager, self.tokenizer) or _shared_flow(
-            self.config, self.server_manager, self.tokenizer)
+        #: Shared by every loop object of the process; its episode source is the user's agent program through
+        #: the gateway (``agent_program``) or the agent flow, both returning an EpisodeResult.
+        self.context = worker_context(self.config, self.server_manager, self.tokenizer)
 
     async def run(self, sampling_params: dict[str, Any], **kwargs: Any) -> AgentLoopOutput:
         spec = episode_spec_from_row(kwargs)
-        result = await self.episodes.run(spec, sampling_params)
-        if spec.task is not None and spec.task.evaluator != "env":  # e.g. a synthetic task: its own grader scores it
-            result = await agrade_episode(result, spec, _shared_grader_pool(self.config))
-        result = await apply_custom_reward(result, spec, kwargs, self.config, self.tokenizer)  # reward.custom_reward_function
-        return to_agent_loop_output(result, self.tokenizer, int(self.config.actor_rollout_ref.rollout.response_length))
+        result = await self.context.episodes.run(spec, sampling_params)
+        result = await compose_reward(result, spec, kwargs, self.context)
+        return to_agent_loop_output(result, self.tokenizer, self.context.response_length)
 
 
 def _sample_fields(sample: Any) -> dict[str, Any]:

@@ -7,13 +7,14 @@ plugin at debug level, so every step here logs its own failure at WARNING and th
 
 It registers:
 
-* the ``cpu`` verl platform (:mod:`agentevolver.backends.cpu.verl_platform`), chosen by ``VERL_PLATFORM=cpu``
+* the ``cpu`` verl platform (:mod:`agentevolver.verl.cpu.platform`), chosen by ``VERL_PLATFORM=cpu``
   or by auto-detection when torch is a CPU-only build;
 * on the ``cpu`` platform only: the process-group backend patch (:mod:`agentevolver.verl.patches`)
-  and verl's FSDP engines for device ``cpu`` (:mod:`agentevolver.backends.cpu.verl_engine`);
-* the rollout ``hf`` (:mod:`agentevolver.backends.cpu.verl_rollout`): its replica in verl's
+  and verl's FSDP engines for device ``cpu`` (:mod:`agentevolver.verl.cpu.engine`);
+* the rollout ``hf`` (:mod:`agentevolver.verl.cpu.rollout`): its replica in verl's
   ``RolloutReplicaRegistry`` and its worker-side adapter in verl's rollout-class table (patch 3);
-* AgentEvolver's agent loop ``agentevolver`` (:mod:`agentevolver.verl.agent_loop`);
+* AgentEvolver's agent loop ``agentevolver`` (:mod:`agentevolver.verl.agent_loop`) and, with it, the
+  gateway's episode source ``program`` (:mod:`agentevolver.gateway.source`), which the loop looks up by name;
 * Self-Navigating's policy loss ``exp_on_off`` in verl's policy-loss registry
   (:mod:`agentevolver.verl.step.exp_loss`; the trainer gives the actor the loss function that shows it the
   batch's ``exp_mask`` through verl's ``set_loss_fn``).
@@ -131,13 +132,13 @@ def when_imported(module_name: str, callback: Callable[[ModuleType], None]) -> N
 
 
 def _register_engines(module: ModuleType) -> None:
-    from agentevolver.backends.cpu import verl_engine as engine
+    from agentevolver.verl.cpu import engine
 
     engine.register()
 
 
 def _load_hf_replica() -> type:
-    from agentevolver.backends.cpu.verl_rollout import HFReplica
+    from agentevolver.verl.cpu.rollout import HFReplica
 
     return HFReplica
 
@@ -156,6 +157,10 @@ def _register_agent_loop(module: ModuleType) -> None:
     import agentevolver.verl.agent_loop  # noqa: F401  (registers "agentevolver" on import)
 
 
+def _register_episode_sources(module: ModuleType) -> None:
+    import agentevolver.gateway.source  # noqa: F401  (registers "program", which agent_program runs look up)
+
+
 def _register_exp_loss(module: ModuleType) -> None:
     from agentevolver.verl.step import exp_loss as loss
 
@@ -166,7 +171,7 @@ def register_all() -> None:
     """Everything listed in the module docstring; safe to call more than once."""
     cpu = False
     try:
-        from agentevolver.backends.cpu import verl_platform as platform
+        from agentevolver.verl.cpu import platform
 
         platform.register()
         cpu = platform.selected()
@@ -186,6 +191,7 @@ def register_all() -> None:
     when_imported("verl.workers.rollout.replica", _register_hf_replica)
     when_imported("verl.workers.rollout.base", _register_hf_adapter)
     when_imported("verl.experimental.agent_loop", _register_agent_loop)
+    when_imported("verl.experimental.agent_loop", _register_episode_sources)
     when_imported("verl.trainer.ppo.core_algos", _register_exp_loss)
 
 

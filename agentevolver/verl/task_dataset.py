@@ -25,6 +25,7 @@ from typing import Any
 import torch
 from torch.utils.data import Dataset
 
+from agentevolver.config.schema import AgentEvolverSettings
 from agentevolver.errors import AgentEvolverError, ConfigError
 from agentevolver.module.task_manager.seeds import spread_over
 from agentevolver.module.task_manager.store import original_objectives
@@ -131,20 +132,18 @@ def synthetic_pool(settings: Any, env_client: Any, llm: Any = None) -> tuple[lis
     return pool, metrics
 
 
-def build_task_datasets(config: Any, settings: Any = None, *, env_client: Any = None,
+def build_task_datasets(config: Any, settings: AgentEvolverSettings, *, env_client: Any = None,
                         llm: Any = None) -> tuple[TaskDataset, TaskDataset]:
     """Train (mixture task manager) and validation (original-only task manager) datasets of a run.
 
     ``config`` is the composed config (Hydra node); ``data.train_max_samples`` / ``val_max_samples`` cap
     the original tasks of each split (spread over the split). ``env_client`` / ``llm`` default to clients
-    built from the config (and closed here); ``settings`` are the run's validated sections (validated here
-    when None).
+    built from the config (and closed here); ``settings`` are the run's validated sections (the entry point,
+    the task runner, validates them once).
     """
     from agentevolver.client.env_client import EnvClient
-    from agentevolver.config import validate_config
     from agentevolver.module.task_manager import TaskManager
 
-    settings = settings if settings is not None else validate_config(config)
     section = settings.env_service
     grader = settings.task_manager.grader.original_grader
     train_manager = TaskManager.from_settings(settings, env=env_client, llm=llm)

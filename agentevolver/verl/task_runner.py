@@ -14,12 +14,14 @@ import ray
 from omegaconf import DictConfig, OmegaConf
 from verl.trainer.main_ppo_v0 import BaseTaskRunner
 
+from agentevolver.config import AgentEvolverSettings, validate_config
+
 __all__ = ["TaskRunner", "build_datasets"]
 
 logger = logging.getLogger(__name__)
 
 
-def build_datasets(config: DictConfig, settings: Any = None) -> tuple[Any, Any]:
+def build_datasets(config: DictConfig, settings: AgentEvolverSettings) -> tuple[Any, Any]:
     """Train (the mixture task manager: env train split + synthetic tasks) and validation (original tasks
     only) :class:`TaskDataset` of the run (:func:`~.task_dataset.build_task_datasets`)."""
     from agentevolver.verl.task_dataset import build_task_datasets
@@ -39,7 +41,6 @@ class TaskRunner(BaseTaskRunner):
         from verl.workers.config import HFModelConfig
 
         import agentevolver.verl.plugin  # noqa: F401 - registrations in this process too
-        from agentevolver.config import validate_config
         from agentevolver.verl.cluster import check_cluster
         from agentevolver.verl.custom_reward import check_custom_reward
         from agentevolver.verl.step.trainer import AgentEvolverTrainer

@@ -1,9 +1,10 @@
-"""CPU backend: the batched transformers generator (docs/cpu_generator.md), and its verl side: the ``hf`` verl
-rollout (:mod:`.verl_rollout`), the ``cpu`` verl platform (:mod:`.verl_platform`) and its FSDP engines
-(:mod:`.verl_engine`) (docs/backends.md).
+"""CPU backend: the batched transformers generator (docs/cpu_generator.md), its sampling and caches, and the
+machine's precision, threads and allocator. torch and transformers only: its verl side (the ``hf`` rollout, the
+``cpu`` platform and its engines) is :mod:`agentevolver.verl.cpu` (docs/backends.md).
 
-Attributes are imported on first access (PEP 562): verl's plugin imports submodules of this package inside
-``import verl`` in every process, and must not pay for the generator's torch/transformers/verl imports there.
+Attributes are imported on first access (PEP 562): the start-up code (``main_ppo``, the launcher) imports the
+precision, threads and allocator modules of this package in processes that never generate, and must not pay
+for the generator's transformers import there.
 """
 
 from __future__ import annotations

@@ -16,7 +16,6 @@ computing padding until the longest one ends, and computes only the last positio
 from __future__ import annotations
 
 import asyncio
-import importlib.util
 import logging
 import numbers
 import threading
@@ -40,23 +39,19 @@ from agentevolver.backends.cpu.turn_cache import TurnCache, TurnEntry
 
 logger = logging.getLogger(__name__)
 
-if importlib.util.find_spec("verl") is not None:
-    from verl.workers.rollout.replica import TokenOutput
-else:
 
-    @dataclass(slots=True)
-    class TokenOutput:  # type: ignore[no-redef]
-        """The fields of verl's ``TokenOutput`` this generator fills, on a machine without verl.
+@dataclass(slots=True)
+class TokenOutput:
+    """What ``generate`` returns: the fields of verl's ``TokenOutput`` this generator fills, by the same names.
 
-        With verl installed (every training run) ``generate`` returns verl's own pydantic class. Without it,
-        nothing can consume verl's class anyway, but the decoder itself still runs: the GPU kernel check
-        (:mod:`agentevolver.backends.gpu_kernel_check`) tests it on a GPU machine that has torch and
-        transformers only. Only a missing verl takes this branch; a verl that fails to import still raises.
-        """
+    Our own class, not verl's: this package needs torch and transformers only (the GPU kernel check,
+    ``tools/gpu_kernel_check.py``, runs the decoder on a machine without verl). Callers read these three
+    attributes; verl's rollout ``hf`` (:mod:`agentevolver.verl.cpu.rollout`) builds verl's class from them.
+    """
 
-        token_ids: list[int]
-        log_probs: list[float] | None = None
-        stop_reason: str | None = None
+    token_ids: list[int]
+    log_probs: list[float] | None = None
+    stop_reason: str | None = None
 
 
 _DTYPES = ("float32", "bfloat16", "float16")

@@ -5,12 +5,13 @@ Read top to bottom: :mod:`.judge_prompt` (what the judge sees and how its reply 
 labels from the environment service where it can give them, and the judge's agreement with them),
 :mod:`.adca_grpo` (the maths: process and outcome rewards z-scored apart, fused with alpha, suffix-summed,
 broadcast to tokens),
-:mod:`.stage` (the trainer's ``judge`` stage and the ADCA part of its ``adv`` stage). :mod:`.naive` is the same maths as a per-sample loop, kept
-as the tests' oracle and the benchmark's baseline. The maths in full: docs/adca.md.
+:mod:`.stage` (the trainer's ``judge`` stage and the ADCA part of its ``adv`` stage). The same maths as a
+per-sample loop, the tests' oracle and the benchmark's baseline, is not part of this package:
+``tools/adv_oracle.py``. The maths in full: docs/adca.md.
 
 Attributes are imported on first access (PEP 562), so importing one module of this package (the maths in
 :mod:`.adca_grpo`, which needs only torch and numpy) does not import the judge's pydantic/LLM-client stack: the
-GPU kernel check (:mod:`agentevolver.backends.gpu_kernel_check`) runs it where only torch is installed.
+GPU kernel check (``tools/gpu_kernel_check.py``) runs it where only torch is installed.
 """
 
 from __future__ import annotations

@@ -41,7 +41,7 @@ from omegaconf import DictConfig
 
 from agentevolver.client.env_client import EnvClient
 from agentevolver.client.llm_client import LLMClient, client_for_role
-from agentevolver.config import validate_config
+from agentevolver.config import AgentEvolverSettings
 from agentevolver.config.estimators import ADCA_ESTIMATOR, in_family
 from agentevolver.errors import ConfigError
 from agentevolver.module.adv_processor.adca_grpo import (
@@ -92,12 +92,11 @@ class AdcaStage:
     ``adca_grpo.total_steps`` is null. ``judge_client`` replaces the client built from ``llm.roles.judge``
     (tests, or a trainer that shares clients between roles); ``env_client`` the environment client built
     from the ``env_service`` section (used for ``judge.source: env`` and ``compare_with_env``; neither client
-    is built before it is needed); ``settings`` are the run's validated sections (the trainer validates once
-    and passes them; validated here when None)."""
+    is built before it is needed); ``settings`` are the run's validated sections (validated once by the entry
+    point; the trainer passes them)."""
 
-    def __init__(self, config: DictConfig, total_training_steps: int, *, judge_client: LLMClient | None = None,
-                 env_client: EnvClient | None = None, settings: Any = None):
-        settings = settings if settings is not None else validate_config(config)
+    def __init__(self, config: DictConfig, total_training_steps: int, *, settings: AgentEvolverSettings,
+                 judge_client: LLMClient | None = None, env_client: EnvClient | None = None):
         section = settings.attribution_driven_credit_assignment
         algorithm = config.get("algorithm") or {}
         estimator = str(algorithm.get("adv_estimator", "grpo"))

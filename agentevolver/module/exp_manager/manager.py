@@ -35,7 +35,7 @@ import numpy as np
 
 from agentevolver.client.http import ServiceClientError
 from agentevolver.client.memory_client import MemoryClient, MemoryClientSettings
-from agentevolver.config.schema import ExpManagerSection, MemorySection, RolloutMode
+from agentevolver.config.schema import AgentEvolverSettings, ExpManagerSection, MemorySection, RolloutMode
 from agentevolver.errors import ConfigError
 from agentevolver.module.exp_manager.allocation import ExperiencePlan, plan_rows, seeded_rng
 from agentevolver.module.exp_manager.summarizer import BackgroundSummarizer, trajectories_from_records
@@ -118,11 +118,8 @@ class ExperienceManager:
         self._carry: dict[str, float] = {}
 
     @classmethod
-    def from_config(cls, config: Any, settings: Any = None) -> ExperienceManager:
-        """From the run's config; ``settings`` = its already validated sections (validated here if None)."""
-        from agentevolver.config import validate_config
-
-        settings = settings if settings is not None else validate_config(config)
+    def from_config(cls, config: Any, settings: AgentEvolverSettings) -> ExperienceManager:
+        """From the run's config (verl's loss mode) and its validated sections (the entry point validates them)."""
         for warning in check_settings(settings.exp_manager, settings.memory,
                                       str(config.actor_rollout_ref.actor.policy_loss.loss_mode)):
             logger.warning("Self-Navigating: %s", warning)

@@ -226,11 +226,8 @@ class GraderPool:
         self._lock = threading.Lock()
 
     @classmethod
-    def from_config(cls, config: Any) -> GraderPool:
-        """A pool for a composed config (the Hydra node the agent loop holds), with its own LLM clients."""
-        from agentevolver.config import validate_config
-
-        settings = validate_config(config)
+    def from_settings(cls, settings: AgentEvolverSettings) -> GraderPool:
+        """A pool for the run's validated settings (the agent-loop worker's), with its own LLM clients."""
         return cls(settings, LLMClients(settings.llm))
 
     def get(self, name: str) -> Grader:

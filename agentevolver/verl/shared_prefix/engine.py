@@ -7,7 +7,10 @@ engine does, through the seams verl's own ``forward_step`` calls: ``prepare_mode
 micro-batch out as grouped rows with a block mask (:mod:`agentevolver.verl.shared_prefix.layout`) and
 ``prepare_model_outputs`` turns the rows' logits back into verl's per-sample nested ``log_probs`` /
 ``entropy`` (the values ``no_padding_2_padding`` reads: the positions predicting the response tokens; the
-prompt positions hold zeros). Autocast, the loss call and the output packing stay verl's.
+prompt positions hold zeros). Autocast, the loss call and the output packing stay verl's. What this relies on
+in verl (the three methods' signatures, ``forward_step`` calling the other two, the engine attributes read here,
+the nested layout ``no_padding_2_padding`` reads) is seam 6 of :mod:`agentevolver.verl.patches`, checked on the
+driver before a run starts.
 
 A micro-batch takes the shared forward when its non-tensor data carries ``use_prefix_grouper=True`` (the
 trainer puts it in the batch's ``meta_info`` for the old-log-prob, reference and update passes, as verl does

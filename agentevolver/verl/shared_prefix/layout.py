@@ -249,7 +249,7 @@ def response_outputs(
     ``logprob_fn(logits, labels)`` (default verl's ``logprobs_from_logits``), entropy ``entropy_fn`` (default
     verl's ``entropy_from_logits``), as the engine does. verl is imported only for a default that is used, so
     a caller passing both functions needs torch alone (the GPU kernel check runs where verl is not installed:
-    :mod:`agentevolver.backends.gpu_kernel_check`).
+    ``tools/gpu_kernel_check.py``).
     """
     length = plan.input_ids.shape[1]
     kept = logits.shape[1]

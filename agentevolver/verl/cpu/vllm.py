@@ -22,7 +22,7 @@ from verl.workers.rollout.vllm_rollout.utils import vLLMColocateWorkerExtension
 __all__ = ["WORKER_EXTENSION", "CPUWorkerExtension"]
 
 #: The dotted name the preset sets as ``rollout.engine_kwargs.vllm.worker_extension_cls``.
-WORKER_EXTENSION = "agentevolver.backends.vllm_cpu.CPUWorkerExtension"
+WORKER_EXTENSION = "agentevolver.verl.cpu.vllm.CPUWorkerExtension"
 
 
 class CPUWorkerExtension(vLLMColocateWorkerExtension):

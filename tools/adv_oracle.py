@@ -1,6 +1,7 @@
 """The ADCA-GRPO maths written the straightforward way: one Python loop iteration per sample.
 
-Not used in training. It exists as the oracle the tests hold :func:`~.adca_grpo.prm_grpo_advantages`
+Not used in training, so not in the runtime package. It exists as the oracle the tests (and the GPU kernel
+check, :mod:`tools.gpu_kernel_check`) hold :func:`agentevolver.module.adv_processor.adca_grpo.prm_grpo_advantages`
 to (two independent writings of the same formulas agreeing is the check that the index tricks are right)
 and as the baseline ``bench/advantage.py`` times it against. It mirrors how the reference computes it:
 per-sample lists of step rewards, group statistics in dicts, per-sample suffix sums, and a per-sample

@@ -19,7 +19,7 @@ small Llama built here from a config (no model file needs to travel):
   by far more than the tolerance (the check can see the error it is there to catch).
 * ``adca``: :func:`~agentevolver.module.adv_processor.adca_grpo.prm_grpo_advantages` on CUDA tensors equals
   the same call on CPU tensors over every combination of its switches and on one large batch; the CPU
-  result also equals the per-sample oracle (:mod:`agentevolver.module.adv_processor.naive`).
+  result also equals the per-sample oracle (:mod:`tools.adv_oracle`).
 
 ``--device cpu`` runs the same checks on CPU: tests/test_gpu_kernel_check.py runs that dry run through
 ``bash scripts/gpu_check.sh --kernels`` in the default suite, with the packages the GPU machine lacks
@@ -27,7 +27,9 @@ blocked, so the check cannot rot between GPU runs. Tolerances are the module con
 states each next to what was measured. docs/backends.md, "The GPU kernel check".
 
 Import rule: this module and everything it imports need only torch, transformers, numpy and the standard
-library (tests/test_gpu_kernel_check.py enforces it).
+library (tests/test_gpu_kernel_check.py enforces it). It is a test harness, not part of the runtime package:
+run it from the repository root as ``python -m tools.gpu_kernel_check`` (what ``scripts/gpu_check.sh
+--kernels`` does).
 """
 
 from __future__ import annotations
@@ -447,11 +449,13 @@ def _problems_first(problems: list[str], detail: str) -> str:
 
 
 def adca_modules() -> tuple[ModuleType, ModuleType, ModuleType]:
-    """``(groups, adca_grpo, naive)`` of :mod:`agentevolver.module.adv_processor`: the maths modules, which
-    need torch and numpy only (the package's ``__init__`` imports the judge's stack lazily)."""
-    from agentevolver.module.adv_processor import adca_grpo, groups, naive
+    """``(groups, adca_grpo)`` of :mod:`agentevolver.module.adv_processor`, the maths modules, which need torch
+    and numpy only (the package's ``__init__`` imports the judge's stack lazily), and the per-sample oracle
+    :mod:`tools.adv_oracle`."""
+    from agentevolver.module.adv_processor import adca_grpo, groups
+    from tools import adv_oracle
 
-    return groups, adca_grpo, naive
+    return groups, adca_grpo, adv_oracle
 
 
 def _adca_batch(seed: int, size: int, length: int, max_steps: int) -> dict[str, Any]:
@@ -491,7 +495,7 @@ def _adca_run(adca: ModuleType, groups: ModuleType, data: dict[str, Any], hyper:
 
 def check_adca(device: torch.device, seed: int) -> CheckResult:
     """(c) ADCA advantages from ``device`` tensors equal those from CPU tensors (and the CPU ones the oracle)."""
-    groups, adca, naive = adca_modules()
+    groups, adca, oracle_module = adca_modules()
     small = _adca_batch(seed + 4, size=48, length=96, max_steps=7)
     large = _adca_batch(seed + 5, size=512, length=4096, max_steps=30)
     switches = itertools.product(("decouple", "allocation"), (True, False), ("last_step", "all_steps"),
@@ -533,8 +537,8 @@ def check_adca(device: torch.device, seed: int) -> CheckResult:
                     problems.append(f"{name}: metric {key} {on_device.metrics[key]} vs cpu {value}")
         if with_oracle:
             fallback = data["fallback"] if use_fallback else None
-            oracle = naive.naive_prm_grpo_advantages(data["step_ids"], data["mask"], data["outcomes"],
-                                                     data["groups"], data["step_flags"], fallback, hyper)
+            oracle = oracle_module.naive_prm_grpo_advantages(data["step_ids"], data["mask"], data["outcomes"],
+                                                             data["groups"], data["step_flags"], fallback, hyper)
             diff = float((on_cpu.advantages - oracle).abs().max())
             worst["oracle"] = max(worst["oracle"], diff)
             if not torch.allclose(on_cpu.advantages, oracle, atol=ADCA_ORACLE_TOL, rtol=ADCA_ORACLE_TOL):
@@ -606,7 +610,7 @@ def default_report_path() -> Path:
 
 def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
-        prog="python -m agentevolver.backends.gpu_kernel_check",
+        prog="python -m tools.gpu_kernel_check",
         description="Our generator, shared-prompt forward and ADCA maths on a CUDA device (torch, transformers "
                     "and numpy only); exit 0 only if every check passes. --device cpu is the dry run.")
     parser.add_argument("--device", default="cuda", help="cuda, cuda:N or cpu (the dry run); default cuda")

@@ -76,7 +76,7 @@ def _noop(*args: Any, **kwargs: Any) -> None:
 
 def _build_device_module() -> ModuleType:
     """``torch.cpu``'s public attributes plus the CUDA-module calls verl makes on ``get_torch_device()``."""
-    module = ModuleType("agentevolver.backends.cpu.verl_platform.device_module")
+    module = ModuleType("agentevolver.verl.cpu.platform.device_module")
     module.__doc__ = "torch.cpu with no-op/zero stand-ins for the CUDA memory, RNG and info calls verl makes."
     for name in dir(torch.cpu):
         if not name.startswith("_"):
