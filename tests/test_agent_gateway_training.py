@@ -108,3 +108,23 @@ def test_a_gallery_agent_trains_two_grpo_steps_unchanged(service: str, tmp_path:
         for record in read_rollout_dump(tmp_path / "run" / "rollouts" / f"step_{step}.jsonl"):
             assert record["failure"] is None and record["num_turns"] >= 1, record["error"]
             check_token_fields(record)
+
+
+def test_a_step_whose_programs_all_fail_stops_with_its_dump_written_and_an_error_quoted(service: str,
+                                                                                      tmp_path: Path) -> None:
+    """Every episode's program raises: the run stops at step 1 (exit 2), its message quotes the program's error
+    and how many episodes share it, and the step's dump, written before the stop, holds every episode's error."""
+    program = tmp_path / "broken_agent.py"
+    program.write_text("def run(task):\n    raise RuntimeError('the agent cannot reach its tools')\n")
+    done = run_training(training_command(service, tmp_path, f"agent_program.callable={program}:run",
+                                         "agent_program.reward=env"), tmp_path)
+    assert done.returncode == 2, (done.stdout + done.stderr)[-6000:]
+    message = done.stderr[done.stderr.index("error: "):]
+    assert "training step 1: every episode failed" in message and "x program: check the agent program" in message
+    assert ("The most common error (4 of the 4 failed episodes): program: \"the program raised RuntimeError: the "
+            "agent cannot reach its tools\"") in message, message
+    dump = tmp_path / "run" / "rollouts" / "step_1.jsonl"
+    assert f"rollout dump, {dump}" in message
+    records = list(read_rollout_dump(dump))
+    assert len(records) == 4 and all(r["failure"] == "program" and "cannot reach" in r["error"] for r in records)
+    assert not (tmp_path / "run" / "global_step_1").exists()
