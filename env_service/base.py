@@ -13,16 +13,15 @@ hold on to service state.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import Any, ClassVar, Literal
+from typing import Any, ClassVar
 
 from pydantic import BaseModel, Field
 
 from agentevolver.schema import ChatMessage
+from agentevolver.schema.env_answers import Isolation  # one definition, shared with the /envs answer
 from agentevolver.schema.step_labels import STEP_LABELS, StepLabel
 from agentevolver.schema.task_writing import TASK_WRITING, ObservedCall, Rendering
 from env_service.errors import EnvServiceError, UnknownSplit
-
-Isolation = Literal["inline", "process", "ray"]
 
 
 class CapabilityUnsupported(EnvServiceError):

@@ -4,7 +4,7 @@ The app is built in process (``create_app`` with ``calc`` and the ``echo`` test 
 token required) and driven through schemathesis's ASGI transport: per operation ``EXAMPLES`` requests that
 fit the schema and ``EXAMPLES`` that break it (12 operations: at most 12 x 2 x 25 = 600 requests, about 20 s
 on the 2-core machine). Required of every answer: no 5xx; the status, content type and body as
-``/openapi.json`` declares them (``env_service/responses.py``); every error JSON
+``/openapi.json`` declares them (``agentevolver/schema/env_answers.py``); every error JSON
 ``{success: false, data: null, error: {code, message, field}}`` with the field to fix named; bad input
 rejected; a request without the token refused.
 

@@ -23,8 +23,15 @@ message (demonstrations as real turns) and one ``tool`` message per tool call, w
 render with the model's own chat template. Without it the service answers in the reference trainer's shape
 (docs/env_service.md); a ``shape`` in the caller's ``params`` overrides the client's choice.
 
-The plumbing (pools, auth header, the retry loop) is :class:`~agentevolver.client.http.ServiceClient`,
-shared with the memory client; this module holds the environment routes and their failure policy.
+Answers are parsed with the service's own answer models (:mod:`agentevolver.schema.env_answers`, which the
+service validates its answers against), so client and service cannot drift; an answer that is not its
+route's model raises :class:`EnvClientError` naming the route.
+
+Each operation is written once, as a :data:`~agentevolver.client.http.Flow` (its request, its failure policy,
+its parsing); the sync method and its ``a``-prefixed async twin are one-line facades that drive it with the
+sync pool or the running loop's. The plumbing (pools, auth header, the retry loop, the drivers) is
+:class:`~agentevolver.client.http.ServiceClient`, shared with the memory client; this module holds the
+environment routes and their failure policy.
 """
 
 from __future__ import annotations
@@ -33,19 +40,27 @@ import logging
 import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any, ClassVar, TypeVar
 
 import httpx
 
-from agentevolver.client.http import (
-    NOT_PROCESSED,
-    ServiceClient,
-    ServiceClientError,
-    describe_failure,
-    error_detail,
-)
+from agentevolver.client.http import Call, Flow, ServiceClient, ServiceClientError
 from agentevolver.schema import SHAPE_PARAM, ChatMessage, CreateData, StepData
-from agentevolver.schema.step_labels import EnvCapabilities, StepLabelsData, wire_messages
+from agentevolver.schema.env_answers import (
+    Answer,
+    CapabilitiesAnswer,
+    CreateAnswer,
+    EnvsAnswer,
+    EvaluateAnswer,
+    InfoAnswer,
+    ProfileAnswer,
+    ReleaseAnswer,
+    StepAnswer,
+    StepLabelsAnswer,
+    TaskWritingAnswer,
+    ToolsAnswer,
+)
+from agentevolver.schema.step_labels import StepLabelsData, wire_messages
 from agentevolver.schema.task_writing import ObservedCall, TaskWritingData, TaskWritingRequest
 
 __all__ = ["EnvClient", "EnvClientError", "EnvClientSettings"]
@@ -56,6 +71,8 @@ logger = logging.getLogger(__name__)
 _INSTANCE_LOST_CODES = frozenset({"unknown_instance", "instance_gone", "instance_failed", "instance_timeout"})
 #: What ``create`` and ``step`` send in ``params``: this framework's richer answer shape.
 _NATIVE = {SHAPE_PARAM: "native"}
+
+_D = TypeVar("_D")
 
 
 class EnvClientError(ServiceClientError):
@@ -83,6 +100,27 @@ class EnvClientSettings:
                    max_connections=get("max_connections"), auth_token_env=get("auth_token_env"))
 
 
+def _get(route: str) -> Call:
+    return Call("GET", route, idempotent=True)
+
+
+def _post(route: str, body: dict[str, Any], *, idempotent: bool) -> Call:
+    return Call("POST", route, idempotent=idempotent, options={"json": body})
+
+
+def _envelope(env_type: str = "", task_id: str = "", instance_id: str = "", messages: Any = None,
+              params: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """The request envelope every POST route takes (unused fields empty, as the reference's clients send)."""
+    return {"env_type": env_type, "task_id": task_id, "instance_id": instance_id,
+            "messages": messages if messages is not None else {}, "params": dict(params or {})}
+
+
+def _action(action: ChatMessage | Mapping[str, Any]) -> dict[str, Any]:
+    if isinstance(action, ChatMessage):
+        return action.model_dump(mode="json", exclude_none=True)
+    return dict(action)
+
+
 class EnvClient(ServiceClient):
     """Talk to one environment service. Thread-safe; usable from any number of event loops."""
 
@@ -102,35 +140,100 @@ class EnvClient(ServiceClient):
         return cls(EnvClientSettings.from_config(section))
 
     # ------------------------------------------------------------------ request core
-    def _accept(self, where: str, response: httpx.Response, idempotent: bool) -> Any:
-        """``data`` of a good answer; retry 429/503 everywhere, other 5xx on idempotent routes unless the
-        instance is gone (a repeat cannot bring it back)."""
+    def _accept(self, where: str, response: httpx.Response, idempotent: bool) -> dict[str, Any]:
+        """The body of a good answer (200, ``success: true``); any other answer raises :meth:`_refusal`'s error."""
         try:
             body = response.json() if response.headers.get("content-type", "").startswith("application/json") \
                 else None
         except ValueError:
             body = None
         if response.status_code == 200 and isinstance(body, dict) and body.get("success") is True:
-            return body.get("data")
-        code, field, message = error_detail(response)
-        reason = describe_failure(self.service_name, self._base, where, response.status_code, code, field, message)
-        retry = response.status_code in NOT_PROCESSED or (idempotent and response.status_code >= 500
-                                                          and code not in _INSTANCE_LOST_CODES)
-        raise self._reject(reason, retry, response, code, field)
+            return body
+        raise self._refusal(where, response, idempotent)
+
+    def _repeatable(self, status: int, code: str | None) -> bool:
+        """Any 5xx on an idempotent route, unless the instance is gone (a repeat cannot bring it back)."""
+        return status >= 500 and code not in _INSTANCE_LOST_CODES
 
     def _request(self, method: str, route: str, body: dict[str, Any] | None, idempotent: bool) -> Any:
-        return self._send(method, route, idempotent=idempotent, json=body)
+        """The raw ``data`` of one route, unparsed, under the retry policy (for a route without a method here)."""
+        return self._send(method, route, idempotent=idempotent, json=body).get("data")
 
-    async def _arequest(self, method: str, route: str, body: dict[str, Any] | None, idempotent: bool) -> Any:
-        return await self._asend(method, route, idempotent=idempotent, json=body)
+    def _data(self, call: Call, answer: type[Answer[_D]]) -> Flow[_D]:
+        """One request and the ``data`` of its answer, parsed as the route's ``answer`` model."""
+        parsed = yield from self._answer(call, answer)
+        return parsed.data
 
-    @staticmethod
-    def _envelope(env_type: str = "", task_id: str = "", instance_id: str = "",
-                  messages: Any = None, params: Mapping[str, Any] | None = None) -> dict[str, Any]:
-        return {"env_type": env_type, "task_id": task_id, "instance_id": instance_id,
-                "messages": messages if messages is not None else {}, "params": dict(params or {})}
+    # ------------------------------------------------------------------ operations, each written once
+    def _list_envs(self) -> Flow[list[dict[str, Any]]]:
+        listings = yield from self._data(_get("/envs"), EnvsAnswer)
+        return [listing.model_dump() for listing in listings]
 
-    # ------------------------------------------------------------------ step fallback
+    def _tools(self, env_type: str) -> Flow[list[dict[str, Any]] | None]:
+        return self._data(_get(f"/envs/{env_type}/tools"), ToolsAnswer)
+
+    def _capabilities(self, env_type: str) -> Flow[list[str]]:
+        offered = yield from self._data(_get(f"/envs/{env_type}/capabilities"), CapabilitiesAnswer)
+        return offered.capabilities
+
+    def _step_labels(self, env_type: str, task_id: str, messages: Sequence[ChatMessage | Mapping[str, Any]],
+                     params: Mapping[str, Any] | None) -> Flow[StepLabelsData]:
+        body = _envelope(env_type, task_id, messages=wire_messages(messages), params=params)
+        return self._data(_post("/step_labels", body, idempotent=True), StepLabelsAnswer)
+
+    def _write_tasks(self, env_type: str, calls: Sequence[ObservedCall], seed_query: str | None,
+                     limit: int | None) -> Flow[TaskWritingData]:
+        body = TaskWritingRequest(env_type=env_type, calls=list(calls), seed_query=seed_query, limit=limit)
+        return self._data(_post("/task_writing", body.model_dump(mode="json"), idempotent=True), TaskWritingAnswer)
+
+    def _get_env_profile(self, env_type: str, split: str) -> Flow[list[str]]:
+        body = _envelope(env_type, params={"split": split})
+        return self._data(_post("/get_env_profile", body, idempotent=True), ProfileAnswer)
+
+    def _create(self, env_type: str, task_id: str, instance_id: str | None,
+                params: Mapping[str, Any] | None) -> Flow[CreateData]:
+        instance_id = instance_id or uuid.uuid4().hex
+        call = _post("/create", _envelope(env_type, task_id, instance_id, params={**_NATIVE, **(params or {})}),
+                     idempotent=False)
+        try:
+            answer = yield call
+        except EnvClientError as err:
+            if err.status is not None and err.status < 500:
+                raise
+            yield from self._release(instance_id)  # it may exist server-side: clean up, try once more
+            answer = yield call
+        return self._parse("/create", answer, CreateAnswer).data
+
+    def _step(self, instance_id: str, action: ChatMessage | Mapping[str, Any],
+              params: Mapping[str, Any] | None) -> Flow[StepData]:
+        call = _post("/step", _envelope(instance_id=instance_id, messages=_action(action),
+                                        params={**_NATIVE, **(params or {})}), idempotent=False)
+        try:
+            answer = yield call
+        except EnvClientError as err:
+            if err.code == "bad_action":
+                raise
+            return self._fallback(err)
+        return self._parse("/step", answer, StepAnswer).data
+
+    def _evaluate(self, instance_id: str, sparse: bool) -> Flow[float]:
+        body = _envelope(instance_id=instance_id, params={"sparse": sparse})
+        return self._data(_post("/evaluate", body, idempotent=True), EvaluateAnswer)
+
+    def _get_info(self, instance_id: str) -> Flow[dict[str, Any]]:
+        return self._data(_post("/get_info", _envelope(instance_id=instance_id), idempotent=True), InfoAnswer)
+
+    def _release(self, instance_id: str) -> Flow[bool]:
+        try:
+            answer = yield _post("/release", _envelope(instance_id=instance_id), idempotent=True)
+            return bool(self._parse("/release", answer, ReleaseAnswer).data)
+        except EnvClientError as err:
+            if err.code == "unknown_instance":
+                logger.debug("release of %s: it was not live", instance_id)
+            else:
+                logger.warning("release of %s failed: %s", instance_id, err)
+            return False
+
     def _fallback(self, err: EnvClientError) -> StepData:
         lost = err.code in _INSTANCE_LOST_CODES
         self.stats["step_fallbacks"] += 1
@@ -142,23 +245,18 @@ class EnvClient(ServiceClient):
         return StepData(state=[ChatMessage(role="user", content=text)], reward=0.0, is_terminated=lost,
                         info={"fallback": True, "instance_lost": lost, "error": str(err), "error_code": err.code})
 
-    @staticmethod
-    def _action(action: ChatMessage | Mapping[str, Any]) -> dict[str, Any]:
-        if isinstance(action, ChatMessage):
-            return action.model_dump(mode="json", exclude_none=True)
-        return dict(action)
-
-    # ------------------------------------------------------------------ sync API
+    # ------------------------------------------------------------------ sync API (facades over the operations)
     def list_envs(self) -> list[dict[str, Any]]:
-        return self._request("GET", "/envs", None, True)
+        """What is served: ``{env_type, splits, has_tools, isolation}`` per environment."""
+        return self._run(self._list_envs())
 
     def tools(self, env_type: str) -> list[dict[str, Any]] | None:
-        return self._request("GET", f"/envs/{env_type}/tools", None, True)
+        """Tool schemas the environment serves (None when it takes free text)."""
+        return self._run(self._tools(env_type))
 
     def capabilities(self, env_type: str) -> list[str]:
         """Optional capabilities the environment offers (e.g. ``step_labels``); [] for none."""
-        return EnvCapabilities.model_validate(
-            self._request("GET", f"/envs/{env_type}/capabilities", None, True)).capabilities
+        return self._run(self._capabilities(env_type))
 
     def step_labels(self, env_type: str, task_id: str, messages: Sequence[ChatMessage | Mapping[str, Any]],
                     params: Mapping[str, Any] | None = None) -> StepLabelsData:
@@ -169,128 +267,81 @@ class EnvClient(ServiceClient):
         :class:`EnvClientError` with code ``capability_unsupported``, one that cannot label this episode
         ``cannot_label`` (both with the service's message and field).
         """
-        body = self._envelope(env_type, task_id, messages=wire_messages(messages), params=params)
-        return StepLabelsData.model_validate(self._request("POST", "/step_labels", body, True))
+        return self._run(self._step_labels(env_type, task_id, messages, params))
 
     def write_tasks(self, env_type: str, calls: Sequence[ObservedCall], *, seed_query: str | None = None,
                     limit: int | None = None) -> TaskWritingData:
         """The tasks an exploration's tool ``calls`` determine, rendered by the environment (capability
         ``task_writing``; no LLM). Pure, so retried like ``evaluate``; an environment without the capability
         raises :class:`EnvClientError` with code ``capability_unsupported``."""
-        body = TaskWritingRequest(env_type=env_type, calls=list(calls), seed_query=seed_query, limit=limit)
-        return TaskWritingData.model_validate(self._request("POST", "/task_writing", body.model_dump(mode="json"), True))
+        return self._run(self._write_tasks(env_type, calls, seed_query, limit))
 
     def get_env_profile(self, env_type: str, split: str = "train") -> list[str]:
         """Task ids of a split."""
-        return self._request("POST", "/get_env_profile", self._envelope(env_type, params={"split": split}), True)
+        return self._run(self._get_env_profile(env_type, split))
 
     def create(self, env_type: str, task_id: str, *, instance_id: str | None = None,
                params: Mapping[str, Any] | None = None) -> CreateData:
         """Create an instance (the client picks its id so a retried create can clean up after itself)."""
-        instance_id = instance_id or uuid.uuid4().hex
-        body = self._envelope(env_type, task_id, instance_id, params={**_NATIVE, **(params or {})})
-        try:
-            data = self._request("POST", "/create", body, False)
-        except EnvClientError as err:
-            if err.status is None or err.status >= 500:  # it may exist server-side: clean up, try once more
-                self.release(instance_id)
-                data = self._request("POST", "/create", body, False)
-            else:
-                raise
-        return CreateData.model_validate(data)
+        return self._run(self._create(env_type, task_id, instance_id, params))
 
     def step(self, instance_id: str, action: ChatMessage | Mapping[str, Any],
              params: Mapping[str, Any] | None = None) -> StepData:
         """Apply an action; never raises for service failures (returns a flagged fallback instead)."""
-        body = self._envelope(instance_id=instance_id, messages=self._action(action),
-                              params={**_NATIVE, **(params or {})})
-        try:
-            return StepData.model_validate(self._request("POST", "/step", body, False))
-        except EnvClientError as err:
-            if err.code == "bad_action":
-                raise
-            return self._fallback(err)
+        return self._run(self._step(instance_id, action, params))
 
     def evaluate(self, instance_id: str, *, sparse: bool = True) -> float:
-        return float(self._request("POST", "/evaluate", self._envelope(instance_id=instance_id,
-                                                                        params={"sparse": sparse}), True))
+        """The instance's score (``sparse``: 1/0 all-or-nothing instead of passes/total)."""
+        return self._run(self._evaluate(instance_id, sparse))
 
     def get_info(self, instance_id: str) -> dict[str, Any]:
-        return self._request("POST", "/get_info", self._envelope(instance_id=instance_id), True)
+        """What the environment says about the instance (its own keys)."""
+        return self._run(self._get_info(instance_id))
 
     def release(self, instance_id: str) -> bool:
         """Release an instance; False (not an error) if it was not live. Never raises for service failures."""
-        try:
-            return bool(self._request("POST", "/release", self._envelope(instance_id=instance_id), True))
-        except EnvClientError as err:
-            return self._release_failed(instance_id, err)
+        return self._run(self._release(instance_id))
 
-    @staticmethod
-    def _release_failed(instance_id: str, err: EnvClientError) -> bool:
-        """False; a warning unless there was simply nothing to release."""
-        if err.code == "unknown_instance":
-            logger.debug("release of %s: it was not live", instance_id)
-        else:
-            logger.warning("release of %s failed: %s", instance_id, err)
-        return False
-
-    # ------------------------------------------------------------------ async API
+    # ------------------------------------------------------------------ async API (the same operations)
     async def alist_envs(self) -> list[dict[str, Any]]:
-        return await self._arequest("GET", "/envs", None, True)
+        """Async :meth:`list_envs`."""
+        return await self._arun(self._list_envs())
 
     async def atools(self, env_type: str) -> list[dict[str, Any]] | None:
-        """Tool schemas the environment serves (None when it takes free text)."""
-        return await self._arequest("GET", f"/envs/{env_type}/tools", None, True)
+        """Async :meth:`tools`."""
+        return await self._arun(self._tools(env_type))
 
     async def acapabilities(self, env_type: str) -> list[str]:
         """Async :meth:`capabilities`."""
-        return EnvCapabilities.model_validate(
-            await self._arequest("GET", f"/envs/{env_type}/capabilities", None, True)).capabilities
+        return await self._arun(self._capabilities(env_type))
 
     async def astep_labels(self, env_type: str, task_id: str, messages: Sequence[ChatMessage | Mapping[str, Any]],
                            params: Mapping[str, Any] | None = None) -> StepLabelsData:
         """Async :meth:`step_labels`."""
-        body = self._envelope(env_type, task_id, messages=wire_messages(messages), params=params)
-        return StepLabelsData.model_validate(await self._arequest("POST", "/step_labels", body, True))
+        return await self._arun(self._step_labels(env_type, task_id, messages, params))
 
     async def aget_env_profile(self, env_type: str, split: str = "train") -> list[str]:
-        return await self._arequest("POST", "/get_env_profile",
-                                    self._envelope(env_type, params={"split": split}), True)
+        """Async :meth:`get_env_profile`."""
+        return await self._arun(self._get_env_profile(env_type, split))
 
     async def acreate(self, env_type: str, task_id: str, *, instance_id: str | None = None,
                       params: Mapping[str, Any] | None = None) -> CreateData:
-        instance_id = instance_id or uuid.uuid4().hex
-        body = self._envelope(env_type, task_id, instance_id, params={**_NATIVE, **(params or {})})
-        try:
-            data = await self._arequest("POST", "/create", body, False)
-        except EnvClientError as err:
-            if err.status is None or err.status >= 500:
-                await self.arelease(instance_id)
-                data = await self._arequest("POST", "/create", body, False)
-            else:
-                raise
-        return CreateData.model_validate(data)
+        """Async :meth:`create`."""
+        return await self._arun(self._create(env_type, task_id, instance_id, params))
 
     async def astep(self, instance_id: str, action: ChatMessage | Mapping[str, Any],
                     params: Mapping[str, Any] | None = None) -> StepData:
-        body = self._envelope(instance_id=instance_id, messages=self._action(action),
-                              params={**_NATIVE, **(params or {})})
-        try:
-            return StepData.model_validate(await self._arequest("POST", "/step", body, False))
-        except EnvClientError as err:
-            if err.code == "bad_action":
-                raise
-            return self._fallback(err)
+        """Async :meth:`step`."""
+        return await self._arun(self._step(instance_id, action, params))
 
     async def aevaluate(self, instance_id: str, *, sparse: bool = True) -> float:
-        return float(await self._arequest("POST", "/evaluate", self._envelope(instance_id=instance_id,
-                                                                               params={"sparse": sparse}), True))
+        """Async :meth:`evaluate`."""
+        return await self._arun(self._evaluate(instance_id, sparse))
 
     async def aget_info(self, instance_id: str) -> dict[str, Any]:
-        return await self._arequest("POST", "/get_info", self._envelope(instance_id=instance_id), True)
+        """Async :meth:`get_info`."""
+        return await self._arun(self._get_info(instance_id))
 
     async def arelease(self, instance_id: str) -> bool:
-        try:
-            return bool(await self._arequest("POST", "/release", self._envelope(instance_id=instance_id), True))
-        except EnvClientError as err:
-            return self._release_failed(instance_id, err)
+        """Async :meth:`release`."""
+        return await self._arun(self._release(instance_id))

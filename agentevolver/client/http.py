@@ -2,10 +2,17 @@
 
 Both clients need the same machinery: a bearer token read from a named environment variable, one sync
 connection pool plus one async pool per event loop, full-jitter retries (tenacity with
-:class:`~agentevolver.client.retry.FullJitterBackoff`) of the attempts a per-route policy calls safe, and
-errors that carry the service's ``{code, message, field}``. It lives here once so the two clients cannot
-drift apart on it. What differs per service -- what a good answer looks like, which statuses a repeat may
-not break -- is each client's :meth:`ServiceClient._accept`.
+:class:`~agentevolver.client.retry.FullJitterBackoff`) of the attempts a per-route policy calls safe, errors
+that carry the service's ``{code, message, field}``, answers parsed into the service's wire models, and one
+body per operation for the sync and the async API (:data:`Flow`). It lives here once so the two clients
+cannot drift apart on it. What differs per service -- what a good answer looks like, which failures a repeat
+may cure -- is each client's :meth:`ServiceClient._accept` and :meth:`ServiceClient._repeatable`.
+
+An operation is written once, as a generator (the sans-I/O pattern of httpx's ``Auth.auth_flow``): it
+yields each :class:`Call` it needs, receives the answer at the ``yield`` (or the failure, raised there), and
+returns its result. :meth:`ServiceClient._run` drives it with the sync pool, :meth:`ServiceClient._arun`
+with the running loop's async pool, so a client's ``create`` and ``acreate`` are one-line facades over the
+same request building, failure handling and answer parsing.
 """
 
 from __future__ import annotations
@@ -14,10 +21,12 @@ import asyncio
 import logging
 import os
 import threading
-from collections.abc import Callable
-from typing import Any, ClassVar, NoReturn, Protocol, TypeVar
+from collections.abc import Callable, Generator, Mapping
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, NoReturn, Protocol, TypeAlias, TypeVar
 
 import httpx
+from pydantic import BaseModel, ValidationError
 from tenacity import AsyncRetrying, RetryCallState, Retrying, retry_if_exception_type, stop_after_attempt
 
 from agentevolver.client.closing import ClosingContext
@@ -26,7 +35,9 @@ from agentevolver.errors import AgentEvolverError
 
 __all__ = [
     "NOT_PROCESSED",
+    "Call",
     "ClientSettings",
+    "Flow",
     "ServiceClient",
     "ServiceClientError",
     "ServiceFailure",
@@ -39,6 +50,23 @@ __all__ = [
 NOT_PROCESSED = frozenset({429, 503})
 
 _T = TypeVar("_T")
+_Model = TypeVar("_Model", bound=BaseModel)
+
+
+@dataclass(frozen=True)
+class Call:
+    """One request an operation asks for: ``options`` go to httpx (``json=``, ``content=``, ``headers=``);
+    ``idempotent`` says whether a repeat after a timeout or a 5xx is safe (the retry policy reads it)."""
+
+    method: str
+    route: str
+    idempotent: bool
+    options: Mapping[str, Any] = field(default_factory=dict)
+
+
+#: An operation, written once for the sync and the async API: yields :class:`Call` s, receives each answer
+#: (what :meth:`ServiceClient._accept` returns) or has its failure raised at the ``yield``, returns the result.
+Flow: TypeAlias = Generator[Call, Any, _T]
 
 
 class ServiceClientError(AgentEvolverError):
@@ -135,8 +163,9 @@ def describe_failure(service_name: str, base_url: str, where: str, status: int, 
 class ServiceClient(ClosingContext):
     """Base of a client of one JSON service. Thread-safe; usable from any number of event loops.
 
-    Subclasses set :attr:`service_name`, :attr:`error_type` and :attr:`log`, implement :meth:`_accept`, and
-    call :meth:`_send` / :meth:`_asend`. ``stats`` counts requests (attempts) and retries for the trainer.
+    Subclasses set :attr:`service_name`, :attr:`error_type` and :attr:`log`, implement :meth:`_accept` (and
+    :meth:`_repeatable` where a 5xx may pass), write each operation once as a :data:`Flow` and expose it
+    through :meth:`_run` / :meth:`_arun`. ``stats`` counts requests (attempts) and retries for the trainer.
     """
 
     #: How log lines name the service ("environment service").
@@ -207,14 +236,31 @@ class ServiceClient(ClosingContext):
 
     # ------------------------------------------------------------------ request core
     def _accept(self, where: str, response: httpx.Response, idempotent: bool) -> Any:
-        """What a request returns for ``response``; raises :meth:`_reject`'s error for a failed answer."""
+        """What a request returns for ``response``; raises :meth:`_refusal`'s error for a failed answer."""
         raise NotImplementedError
 
-    def _reject(self, reason: str, retry: bool, response: httpx.Response, code: str | None,
-                field: str | None) -> Exception:
-        """The error for a failed answer: :class:`ServiceFailure` to try again, else :attr:`error_type`."""
+    def _repeatable(self, status: int, code: str | None) -> bool:
+        """Whether an idempotent request that failed with ``status`` / ``code`` may succeed if sent again
+        (429 and 503 always may: the request was not processed)."""
+        return False
+
+    def _refusal(self, where: str, response: httpx.Response, idempotent: bool) -> Exception:
+        """The error for a failed answer, in the service's words: :class:`ServiceFailure` (tried again) when
+        the request was not processed or an idempotent one may succeed again, else :attr:`error_type`."""
+        status = response.status_code
+        code, field_name, message = error_detail(response)
+        reason = describe_failure(self.service_name, self._base, where, status, code, field_name, message)
+        retry = status in NOT_PROCESSED or (idempotent and self._repeatable(status, code))
         kind = ServiceFailure if retry else self.error_type
-        return kind(reason, status=response.status_code, code=code, field=field)
+        return kind(reason, status=status, code=code, field=field_name)
+
+    def _parse(self, route: str, answer: Any, model: type[_Model]) -> _Model:
+        """``answer`` (a JSON value, or a response whose body is one) as the service's wire ``model``; an
+        answer that is not one raises :attr:`error_type` naming the route and the model."""
+        try:
+            return model.model_validate(answer.json() if isinstance(answer, httpx.Response) else answer)
+        except (ValueError, ValidationError) as err:
+            raise self.error_type(f"{self._base}{route}: the answer is not a {model.__name__}: {err}") from err
 
     def _transport_failure(self, where: str, error: httpx.HTTPError, idempotent: bool) -> Exception:
         """No answer: a failed connect never reached the service, so it is retried on every route; a timeout
@@ -270,3 +316,37 @@ class ServiceClient(ClosingContext):
             return self._accept(where, response, idempotent)
 
         return await self._retrying(AsyncRetrying)(attempt)
+
+    # ------------------------------------------------------------------ operations
+    def _answer(self, call: Call, model: type[_Model]) -> Flow[_Model]:
+        """One request, its answer parsed as the service's wire ``model``."""
+        answer = yield call
+        return self._parse(call.route, answer, model)
+
+    def _run(self, flow: Flow[_T]) -> _T:
+        """Drive an operation (:data:`Flow`) with the sync pool; its result, or the failure it let through."""
+        try:
+            call = next(flow)
+            while True:
+                try:
+                    answer = self._send(call.method, call.route, idempotent=call.idempotent, **call.options)
+                except Exception as err:  # raised at the operation's yield: it handles it or lets it through
+                    call = flow.throw(err)
+                else:
+                    call = flow.send(answer)
+        except StopIteration as done:
+            return done.value
+
+    async def _arun(self, flow: Flow[_T]) -> _T:
+        """Async :meth:`_run`: the same operation, driven with the running loop's pool."""
+        try:
+            call = next(flow)
+            while True:
+                try:
+                    answer = await self._asend(call.method, call.route, idempotent=call.idempotent, **call.options)
+                except Exception as err:
+                    call = flow.throw(err)
+                else:
+                    call = flow.send(answer)
+        except StopIteration as done:
+            return done.value

@@ -14,8 +14,10 @@ route by what a retry can break:
   message leads with the service's own words and the field it names (``memory service rejected
   /retrieve_task_memory: top_k: ...``; FastAPI's default ``detail`` bodies of a real ReMe server too).
 
-The plumbing (pools, auth header, the retry loop) is :class:`~agentevolver.client.http.ServiceClient`,
-shared with the environment client; this module holds the memory routes and their failure policy.
+Each operation with a sync and an async form is written once, as a :data:`~agentevolver.client.http.Flow`;
+the two methods are one-line facades over it. The plumbing (pools, auth header, the retry loop, the drivers,
+answer parsing) is :class:`~agentevolver.client.http.ServiceClient`, shared with the environment client; this
+module holds the memory routes and their failure policy.
 """
 
 from __future__ import annotations
@@ -24,20 +26,14 @@ import logging
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar, TypeVar
+from typing import Any, ClassVar
 
 import httpx
-from pydantic import BaseModel, ValidationError
 
-from agentevolver.client.http import (
-    NOT_PROCESSED,
-    ServiceClient,
-    ServiceClientError,
-    describe_failure,
-    error_detail,
-)
+from agentevolver.client.http import Call, Flow, ServiceClient, ServiceClientError
 from agentevolver.schema.memory_wire import (
     ExperienceKind,
+    ImportResponse,
     RetrieveRequest,
     RetrieveResponse,
     SummaryRequest,
@@ -46,6 +42,7 @@ from agentevolver.schema.memory_wire import (
     TrajectoryIn,
     VectorStoreRequest,
     VectorStoreResponse,
+    WorkspacesResponse,
 )
 
 __all__ = ["MemoryClient", "MemoryClientError", "MemoryClientSettings"]
@@ -53,7 +50,6 @@ __all__ = ["MemoryClient", "MemoryClientError", "MemoryClientSettings"]
 logger = logging.getLogger(__name__)
 
 _RETRY_IF_IDEMPOTENT = frozenset({500, 502, 504})
-_Model = TypeVar("_Model", bound=BaseModel)
 
 
 class MemoryClientError(ServiceClientError):
@@ -101,20 +97,14 @@ class MemoryClient(ServiceClient):
 
     # ------------------------------------------------------------------ request core
     def _accept(self, where: str, response: httpx.Response, idempotent: bool) -> httpx.Response:
-        """Any 200 (routes differ in what they answer); retry 429/503 always, 500/502/504 when idempotent."""
+        """Any 200 (routes differ in what they answer); any other answer raises :meth:`_refusal`'s error."""
         if response.status_code == 200:
             return response
-        code, field, message = error_detail(response)
-        reason = describe_failure(self.service_name, self._base, where, response.status_code, code, field, message)
-        retry = response.status_code in NOT_PROCESSED or (
-            idempotent and response.status_code in _RETRY_IF_IDEMPOTENT)
-        raise self._reject(reason, retry, response, code, field)
+        raise self._refusal(where, response, idempotent)
 
-    def _parse(self, route: str, response: httpx.Response, model: type[_Model]) -> _Model:
-        try:
-            return model.model_validate(response.json())
-        except (ValueError, ValidationError) as err:
-            raise MemoryClientError(f"{self._base}{route}: the answer is not a {model.__name__}: {err}") from err
+    def _repeatable(self, status: int, code: str | None) -> bool:
+        """500, 502 and 504 on an idempotent route (429 and 503 are retried everywhere)."""
+        return status in _RETRY_IF_IDEMPOTENT
 
     # ------------------------------------------------------------------ request builders
     @staticmethod
@@ -137,15 +127,33 @@ class MemoryClient(ServiceClient):
         request = RetrieveRequest(workspace_id=workspace_id, query=query, top_k=top_k, **flags)
         return request.model_dump(mode="json", exclude_none=True)
 
+    # ------------------------------------------------------------------ operations with a sync and an async form
+    def _summary(self, workspace_id: str, trajectories: Sequence[TrajectoryIn | Mapping[str, Any]],
+                 experience_kind: ExperienceKind | None) -> Flow[SummaryResponse]:
+        body = self._summary_body(workspace_id, trajectories, experience_kind)
+        return self._answer(Call("POST", "/summary_task_memory", idempotent=False, options={"json": body}),
+                            SummaryResponse)
+
+    def _retrieve(self, workspace_id: str, query: str, top_k: int | None, enable_llm_rerank: bool | None,
+                  enable_llm_rewrite: bool | None, experience_kind: ExperienceKind | None,
+                  exclude_task_ids: Sequence[str] | None) -> Flow[RetrieveResponse]:
+        body = self._retrieve_body(workspace_id, query, top_k, enable_llm_rerank=enable_llm_rerank,
+                                   enable_llm_rewrite=enable_llm_rewrite, experience_kind=experience_kind,
+                                   exclude_task_ids=list(exclude_task_ids) if exclude_task_ids else None)
+        return self._answer(Call("POST", "/retrieve_task_memory", idempotent=True, options={"json": body}),
+                            RetrieveResponse)
+
+    def _vector_store(self, request: VectorStoreRequest) -> Flow[VectorStoreResponse]:
+        body = request.model_dump(mode="json", exclude_none=True)
+        return self._answer(Call("POST", "/vector_store", idempotent=True, options={"json": body}),
+                            VectorStoreResponse)
+
     # ------------------------------------------------------------------ sync API
     def summary(self, workspace_id: str, trajectories: Sequence[TrajectoryIn | Mapping[str, Any]], *,
                 experience_kind: ExperienceKind | None = None) -> SummaryResponse:
         """Distil episodes (``{messages, score, task_id?}``) into experiences stored in the workspace;
         ``experience_kind="exemplar"`` stores each task's best solved episode whole instead (no LLM)."""
-        body = self._summary_body(workspace_id, trajectories, experience_kind)
-        return self._parse("/summary_task_memory",
-                           self._send("POST", "/summary_task_memory", idempotent=False, json=body),
-                           SummaryResponse)
+        return self._run(self._summary(workspace_id, trajectories, experience_kind))
 
     def retrieve(self, workspace_id: str, query: str, top_k: int | None = None, *,
                  enable_llm_rerank: bool | None = None, enable_llm_rewrite: bool | None = None,
@@ -153,18 +161,12 @@ class MemoryClient(ServiceClient):
                  exclude_task_ids: Sequence[str] | None = None) -> RetrieveResponse:
         """The workspace's experiences most related to ``query`` (only those of ``experience_kind`` when
         given, none of the tasks in ``exclude_task_ids``); ``.answer`` is the text to inject."""
-        body = self._retrieve_body(workspace_id, query, top_k, enable_llm_rerank=enable_llm_rerank,
-                                   enable_llm_rewrite=enable_llm_rewrite, experience_kind=experience_kind,
-                                   exclude_task_ids=list(exclude_task_ids) if exclude_task_ids else None)
-        return self._parse("/retrieve_task_memory",
-                           self._send("POST", "/retrieve_task_memory", idempotent=True, json=body),
-                           RetrieveResponse)
+        return self._run(self._retrieve(workspace_id, query, top_k, enable_llm_rerank, enable_llm_rewrite,
+                                        experience_kind, exclude_task_ids))
 
     def vector_store(self, request: VectorStoreRequest) -> VectorStoreResponse:
         """Any ``/vector_store`` action (the helpers below cover each one)."""
-        body = request.model_dump(mode="json", exclude_none=True)
-        return self._parse("/vector_store", self._send("POST", "/vector_store", idempotent=True, json=body),
-                           VectorStoreResponse)
+        return self._run(self._vector_store(request))
 
     def list_memories(self, workspace_id: str) -> list[TaskMemory]:
         result = self.vector_store(VectorStoreRequest(workspace_id=workspace_id, action="list"))
@@ -193,8 +195,8 @@ class MemoryClient(ServiceClient):
 
     def workspaces(self) -> dict[str, int]:
         """Workspace id -> number of memories (this service's extension; ReMe has no such route)."""
-        response = self._send("GET", "/workspaces", idempotent=True)
-        return dict(response.json()["metadata"]["workspaces"])
+        answer = self._run(self._answer(Call("GET", "/workspaces", idempotent=True), WorkspacesResponse))
+        return dict(answer.metadata.workspaces)
 
     def export_jsonl(self, workspace_id: str, path: str | Path) -> int:
         """Download the workspace as JSONL into ``path`` on THIS machine; returns the number of memories."""
@@ -205,30 +207,25 @@ class MemoryClient(ServiceClient):
 
     def import_jsonl(self, workspace_id: str, path: str | Path) -> int:
         """Upload a JSONL file from THIS machine into the workspace (re-embedded there); returns the count."""
-        content = Path(path).read_bytes()
-        response = self._send("POST", f"/workspaces/{workspace_id}/import", idempotent=False, content=content,
-                                 headers={"Content-Type": "application/x-ndjson"})
-        return int(response.json()["metadata"]["imported"])
+        call = Call("POST", f"/workspaces/{workspace_id}/import", idempotent=False, options={
+            "content": Path(path).read_bytes(), "headers": {"Content-Type": "application/x-ndjson"}})
+        return self._run(self._answer(call, ImportResponse)).metadata.imported
 
     # ------------------------------------------------------------------ async API (what the trainer's rollout uses)
     async def asummary(self, workspace_id: str, trajectories: Sequence[TrajectoryIn | Mapping[str, Any]], *,
                        experience_kind: ExperienceKind | None = None) -> SummaryResponse:
-        body = self._summary_body(workspace_id, trajectories, experience_kind)
-        response = await self._asend("POST", "/summary_task_memory", idempotent=False, json=body)
-        return self._parse("/summary_task_memory", response, SummaryResponse)
+        """Async :meth:`summary`."""
+        return await self._arun(self._summary(workspace_id, trajectories, experience_kind))
 
     async def aretrieve(self, workspace_id: str, query: str, top_k: int | None = None, *,
                         enable_llm_rerank: bool | None = None,
                         enable_llm_rewrite: bool | None = None,
                         experience_kind: ExperienceKind | None = None,
                         exclude_task_ids: Sequence[str] | None = None) -> RetrieveResponse:
-        body = self._retrieve_body(workspace_id, query, top_k, enable_llm_rerank=enable_llm_rerank,
-                                   enable_llm_rewrite=enable_llm_rewrite, experience_kind=experience_kind,
-                                   exclude_task_ids=list(exclude_task_ids) if exclude_task_ids else None)
-        response = await self._asend("POST", "/retrieve_task_memory", idempotent=True, json=body)
-        return self._parse("/retrieve_task_memory", response, RetrieveResponse)
+        """Async :meth:`retrieve`."""
+        return await self._arun(self._retrieve(workspace_id, query, top_k, enable_llm_rerank, enable_llm_rewrite,
+                                               experience_kind, exclude_task_ids))
 
     async def avector_store(self, request: VectorStoreRequest) -> VectorStoreResponse:
-        body = request.model_dump(mode="json", exclude_none=True)
-        response = await self._asend("POST", "/vector_store", idempotent=True, json=body)
-        return self._parse("/vector_store", response, VectorStoreResponse)
+        """Async :meth:`vector_store`."""
+        return await self._arun(self._vector_store(request))

@@ -4,7 +4,10 @@ Each route reaches the opened :class:`~agentevolver.memory_service.service.Memor
 dependency that reads ``request.app.state``, so the routes are plain module-level functions and
 :func:`agentevolver.memory_service.app.create_app` only builds the app and includes this router. Every
 route here needs the token; ``/healthz`` is on the app. Request and response models are the client's
-(:mod:`agentevolver.schema.memory_wire`).
+(:mod:`agentevolver.schema.memory_wire`): every route but the JSONL export returns its response model, which
+FastAPI validates on the way out. ReMe's three routes keep FastAPI's pydantic rendering, as they always
+had; the service's own (``/info``, ``/workspaces``, import) keep the ``json.dumps`` rendering they had
+before they were typed, so no answer changes by a byte.
 """
 
 from __future__ import annotations
@@ -13,7 +16,7 @@ import re
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Request
-from fastapi.responses import StreamingResponse
+from fastapi.responses import JSONResponse, StreamingResponse
 
 from agentevolver import __version__
 from agentevolver.memory_service.errors import BadRequest
@@ -21,7 +24,9 @@ from agentevolver.memory_service.service import MemoryService
 from agentevolver.schema.memory_wire import (
     WORKSPACE_ID_PATTERN,
     ErrorAnswer,
+    ImportMetadata,
     ImportResponse,
+    InfoMetadata,
     InfoResponse,
     RetrieveRequest,
     RetrieveResponse,
@@ -29,6 +34,7 @@ from agentevolver.schema.memory_wire import (
     SummaryResponse,
     VectorStoreRequest,
     VectorStoreResponse,
+    WorkspacesMetadata,
     WorkspacesResponse,
 )
 from agentevolver.service_common import require_token
@@ -64,17 +70,17 @@ def _check_workspace(workspace_id: str) -> str:
     return workspace_id
 
 
-@router.get("/info", response_model=None, responses={200: {"model": InfoResponse}, **_COMMON})
-async def info(service: Service) -> dict[str, Any]:
+@router.get("/info", response_class=JSONResponse, responses=_COMMON)
+async def info(service: Service) -> InfoResponse:
     settings = service.settings
     llm = settings.llm
-    return {"success": True, "answer": "", "metadata": {
-        "version": __version__, "data_dir": str(settings.data_dir), "store": settings.store.backend,
-        "embedder": service.embedder.identity, "dim": service.embedder.dim,
-        "summarizer": service.summarizer.llm.model if service.summarizer.llm else None,
-        "llm_roles": dict(llm.roles) if llm else {},
-        "summary": settings.summary.model_dump(), "retrieve": settings.retrieve.model_dump(),
-        "query_cache": {**service.retriever.cache_stats, "size": service.retriever.cache_size}}}
+    return InfoResponse(metadata=InfoMetadata(
+        version=__version__, data_dir=str(settings.data_dir), store=settings.store.backend,
+        embedder=service.embedder.identity, dim=service.embedder.dim,
+        summarizer=service.summarizer.llm.model if service.summarizer.llm else None,
+        llm_roles=dict(llm.roles) if llm else {},
+        summary=settings.summary.model_dump(), retrieve=settings.retrieve.model_dump(),
+        query_cache={**service.retriever.cache_stats, "size": service.retriever.cache_size}))
 
 
 @router.post("/retrieve_task_memory", responses=_LLM)
@@ -92,9 +98,9 @@ async def vector_store(body: VectorStoreRequest, service: Service) -> VectorStor
     return await service.vector_store(body)
 
 
-@router.get("/workspaces", response_model=None, responses={200: {"model": WorkspacesResponse}, **_COMMON})
-async def workspaces(service: Service) -> dict[str, Any]:
-    return {"success": True, "answer": "", "metadata": {"workspaces": service.store.workspaces()}}
+@router.get("/workspaces", response_class=JSONResponse, responses=_COMMON)
+async def workspaces(service: Service) -> WorkspacesResponse:
+    return WorkspacesResponse(metadata=WorkspacesMetadata(workspaces=service.store.workspaces()))
 
 
 @router.get("/workspaces/{workspace_id}/export", response_class=StreamingResponse, responses={
@@ -107,14 +113,13 @@ async def export_workspace(workspace_id: str, service: Service) -> StreamingResp
                              headers={"Content-Disposition": f'attachment; filename="{workspace_id}.jsonl"'})
 
 
-@router.post("/workspaces/{workspace_id}/import", response_model=None,
-             responses={200: {"model": ImportResponse}, **_STORE})
-async def import_workspace(workspace_id: str, request: Request, service: Service) -> dict[str, Any]:
+@router.post("/workspaces/{workspace_id}/import", response_class=JSONResponse, responses=_STORE)
+async def import_workspace(workspace_id: str, request: Request, service: Service) -> ImportResponse:
     _check_workspace(workspace_id)
     body = await request.body()
     limit = service.settings.max_body_bytes
     if len(body) > limit:
         raise BadRequest(f"request body exceeds max_body_bytes = {limit}", field="body")
     imported = await service.import_jsonl(workspace_id, body.splitlines())
-    return {"success": True, "answer": f"imported {imported} memories",
-            "metadata": {"imported": imported, "size": service.store.count(workspace_id)}}
+    return ImportResponse(answer=f"imported {imported} memories",
+                          metadata=ImportMetadata(imported=imported, size=service.store.count(workspace_id)))

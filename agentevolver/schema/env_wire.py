@@ -107,7 +107,10 @@ class InstanceRequest(EnvRequest):
 
 
 class EnvResponse(BaseModel, Generic[T]):
-    """The response envelope of every route."""
+    """Either outcome of any route, for a reader that does not know which it got (``success`` says).
+
+    The service declares and sends one model per route (:mod:`agentevolver.schema.env_answers`).
+    """
 
     success: bool
     data: T | None = None
@@ -121,23 +124,26 @@ class InstanceInfo(BaseModel):
 
     instance_id: str
     task_id: str
+    env_type: str = Field(default="", description="Always sent by this service; absent in the reference's answers.")
 
 
 class CreateData(BaseModel):
-    """``/create`` data: the opening messages (typically system + user) and the instance identity."""
+    """``/create`` data: the opening messages and the instance identity."""
 
-    state: list[ChatMessage]
+    state: list[ChatMessage] = Field(
+        description="reference shape: exactly [system, user]; native: the environment's opening messages")
     info: InstanceInfo
 
 
 class StepData(BaseModel):
     """``/step`` data: the observation messages, the step reward, whether the episode ended, extras.
 
-    ``info`` may carry ``fallback: true`` when the client synthesised this observation after the service
-    kept failing, so the trainer can count such steps.
+    The service always sends every field. ``info`` may carry ``fallback: true`` when the client synthesised
+    this observation after the service kept failing, so the trainer can count such steps.
     """
 
-    state: list[ChatMessage]
+    state: list[ChatMessage] = Field(
+        description="reference shape: exactly one user message; native: one message per tool result")
     reward: float = 0.0
     is_terminated: bool = False
     info: dict[str, Any] = Field(default_factory=dict)
