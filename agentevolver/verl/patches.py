@@ -180,18 +180,23 @@ TRAINER_SEAMS: dict[str, tuple[str, ...]] = {
 _VALIDATE_SOURCE = ("self._get_gen_batch(", "self.async_rollout_manager.generate_sequences(")
 
 
+def _check_signatures(owner: Any, table: dict[str, tuple[str, ...]], target: str, use: str, where: str) -> None:
+    """Every callable named in ``table`` is on ``owner`` with exactly its parameters; ``use`` says what of ours
+    relies on it ("the training step calls"), ``where`` what to re-check when it changed."""
+    for name, expected in table.items():
+        method = getattr(owner, name, None)
+        if method is None:
+            raise VerlChangedError(f"{target}.{name} is gone; {use} it. {where}")
+        parameters = tuple(inspect.signature(method).parameters)
+        if parameters != expected:
+            raise VerlChangedError(f"{target}.{name} now takes {parameters}; {use} it as {expected}. {where}")
+
+
 def check_trainer_seams(trainer_cls: type) -> None:
     """Every method of :data:`TRAINER_SEAMS` exists on ``trainer_cls`` with its parameters, and ``_validate``
     still builds its rollout rows through ``_get_gen_batch``."""
-    for name, expected in TRAINER_SEAMS.items():
-        method = getattr(trainer_cls, name, None)
-        if method is None:
-            raise VerlChangedError(f"{TRAINER_TARGET}.{name} is gone; the training step calls it. Re-check "
-                                   "agentevolver/verl/step/trainer.py and agentevolver/verl/patches.py (seam 2).")
-        parameters = tuple(inspect.signature(method).parameters)
-        if parameters != expected:
-            raise VerlChangedError(f"{TRAINER_TARGET}.{name} now takes {parameters}; the training step calls it "
-                                   f"as {expected}. Re-check agentevolver/verl/step/trainer.py (seam 2).")
+    _check_signatures(trainer_cls, TRAINER_SEAMS, TRAINER_TARGET, "the training step calls",
+                      "Re-check agentevolver/verl/step/ and agentevolver/verl/patches.py (seam 2).")
     source = _source(trainer_cls._validate, f"{TRAINER_TARGET}._validate")
     missing = [line for line in _VALIDATE_SOURCE if line not in source]
     if missing:
@@ -371,16 +376,9 @@ def check_reward_wrappers(reward: ModuleType) -> None:
     """Seam 5 on ``reward`` (verl's ``verl.trainer.ppo.reward``): both wrappers of :data:`REWARD_WRAPPERS` exist
     with their parameters, and ``get_custom_reward_fn`` still returns them as ``partial(wrapper, raw_fn,
     reward_kwargs)``."""
-    for name, expected in REWARD_WRAPPERS.items():
-        wrapper = getattr(reward, name, None)
-        if wrapper is None:
-            raise VerlChangedError(f"{REWARD_TARGET}.{name} is gone; the custom reward check unwraps it. Re-check "
-                                   "agentevolver/verl/custom_reward.py and agentevolver/verl/patches.py (seam 5).")
-        parameters = tuple(inspect.signature(wrapper).parameters)
-        if parameters != expected:
-            raise VerlChangedError(f"{REWARD_TARGET}.{name} now takes {parameters}; the custom reward check reads "
-                                   f"the user's function as its first of {expected}. Re-check "
-                                   "agentevolver/verl/custom_reward.py (seam 5).")
+    _check_signatures(reward, REWARD_WRAPPERS, REWARD_TARGET, "the custom reward check unwraps (the user's "
+                      "function is its first argument)",
+                      "Re-check agentevolver/verl/custom_reward.py and agentevolver/verl/patches.py (seam 5).")
     loader = getattr(reward, "get_custom_reward_fn", None)
     source = _source(loader, f"{REWARD_TARGET}.get_custom_reward_fn") if loader is not None else ""
     missing = [line for line in _REWARD_SOURCE if line not in source]
@@ -419,14 +417,7 @@ def check_engine_seams(engine_cls: type, no_padding_2_padding: Callable[..., Any
     engine module still assigns the attributes the overrides read, and the nested layout is as
     :func:`agentevolver.verl.shared_prefix.engine._nested_like` writes it."""
     where = "Re-check agentevolver/verl/shared_prefix/engine.py and agentevolver/verl/patches.py (seam 6)."
-    for name, expected in ENGINE_SEAMS.items():
-        method = getattr(engine_cls, name, None)
-        if method is None:
-            raise VerlChangedError(f"{ENGINE_TARGET}.{name} is gone; the shared-prompt engine overrides it. {where}")
-        parameters = tuple(inspect.signature(method).parameters)
-        if parameters != expected:
-            raise VerlChangedError(f"{ENGINE_TARGET}.{name} now takes {parameters}; the shared-prompt engine "
-                                   f"overrides it as {expected}. {where}")
+    _check_signatures(engine_cls, ENGINE_SEAMS, ENGINE_TARGET, "the shared-prompt engine overrides", where)
     checks = [
         (engine_cls.forward_step, f"{ENGINE_TARGET}.forward_step", _FORWARD_STEP_SOURCE,
          "the overrides would not be called or their metric not reported"),
