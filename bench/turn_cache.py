@@ -46,10 +46,12 @@ from agentevolver.verl.task_dataset import spread_over  # noqa: E402
 
 
 async def run_round(generator: HFGenerator, env: EnvClient, settings: Any, budgets: dict[str, int],
-                    task_ids: list[str], sampling: dict[str, Any]) -> dict[str, Any]:
+                    task_ids: list[str], sampling: dict[str, Any], rollouts: int = 1) -> dict[str, Any]:
+    """One round: ``rollouts`` episodes per task, all in flight; wall time, token counts and the generator's
+    stats over the round (``stats``). Also run by bench/continuous_batching.py."""
     flow = AgentFlow(settings.agent_flow, tokenizer=generator.tokenizer, env_client=env,
                      generate=generator.generate, **budgets)
-    specs = group_specs(original_objectives(task_ids, settings.env_service.env_type, "env"), 1,
+    specs = group_specs(original_objectives(task_ids, settings.env_service.env_type, "env"), rollouts,
                         env_params=settings.env_service.create_params)
     before = dict(generator.stats)
     started = time.perf_counter()
@@ -60,7 +62,8 @@ async def run_round(generator: HFGenerator, env: EnvClient, settings: Any, budge
     return {"seconds": seconds, "prefilled": prefilled, "prompt_tokens": delta["prompt_tokens"],
             "turn_cached": delta["turn_cached_tokens"], "success": sum(r.success for r in results),
             "turns": sum(r.num_turns for r in results) / max(len(results), 1),
-            "tokens": [tuple(tuple(sample.response_ids) for sample in r.samples) for r in results]}
+            "tokens": [tuple(tuple(sample.response_ids) for sample in r.samples) for r in results],
+            "stats": delta}
 
 
 async def main_async(args: argparse.Namespace, console: Console) -> None:

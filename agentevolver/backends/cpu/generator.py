@@ -7,6 +7,9 @@ CPU-only machine there is no vLLM, yet the same agent loop must run: :class:`HFG
 Many episodes await ``generate`` at once, so calls are not run one by one: a background task collects the
 requests that arrive within ``batch_wait_s`` of the first (up to ``max_batch_size``), left-pads them into one
 batch and decodes it in a worker thread, keeping the event loop free for the episodes' environment calls.
+Batching is continuous: requests that arrive while a batch decodes join it at the next step boundary (up to
+``max_batch_size`` rows), and a row is answered the moment it ends, so an episode's next turn joins the batch
+its last turn left instead of waiting for the longest row (:mod:`.running_batch` holds the merge).
 The decode loop is our own KV-cache loop rather than ``model.generate`` because it lets every row keep its
 own sampling settings, stop tokens, seed and ``max_tokens`` inside one forward pass (``model.generate``
 would need one batch per distinct setting), drops rows from the batch as soon as they finish instead of
@@ -16,6 +19,7 @@ computing padding until the longest one ends, and computes only the last positio
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import numbers
 import threading
@@ -29,6 +33,7 @@ import torch
 
 from agentevolver.backends.cpu import decode_attention
 from agentevolver.backends.cpu.prefix_cache import PrefixCache
+from agentevolver.backends.cpu.running_batch import Row, RunningBatch, merge
 from agentevolver.backends.cpu.sampling import (
     RowSampler,
     SamplingSettings,
@@ -99,6 +104,9 @@ class HFGenerator:
         prefix_cache_entries: shared prompt prefixes kept prefilled (:mod:`.prefix_cache`); 0 turns it off.
         turn_cache_mb: MiB of finished rows' keys/values kept so that a conversation's next turn prefills only
             its new tokens (:mod:`.turn_cache`); 0 turns it off.
+        continuous_batching: requests that arrive while a batch decodes join it at the next decode step, and
+            each row is answered as soon as it ends; False keeps a batch closed until its last row ends
+            (the composition of every batch then depends only on arrival within ``batch_wait_s``).
     """
 
     def __init__(
@@ -113,6 +121,7 @@ class HFGenerator:
         default_max_tokens: int | None = None,
         prefix_cache_entries: int = 4,
         turn_cache_mb: float = 1024,
+        continuous_batching: bool = True,
     ) -> None:
         if max_batch_size < 1:
             raise ValueError(f"max_batch_size must be >= 1; got {max_batch_size}")
@@ -139,6 +148,7 @@ class HFGenerator:
         self.max_batch_size = max_batch_size
         self.batch_wait_s = batch_wait_s
         self.default_max_tokens = default_max_tokens
+        self.continuous_batching = bool(continuous_batching)
         self.tokenizer: Any = None  # set by from_pretrained, for callers that want the matching tokenizer
         self._rng = torch.Generator(device=self.device)
         if seed is None:
@@ -156,9 +166,11 @@ class HFGenerator:
         self.turn_cache = TurnCache(max_bytes=int(turn_cache_mb * 2**20))
         self.stats: dict[str, float] = {
             "requests": 0,  # generate calls accepted
-            "batches": 0,  # batched decodes run (each one prefill + decode steps)
-            "rows": 0,  # requests decoded, summed over batches (rows / batches = mean batch size)
-            "max_rows": 0,  # largest batch so far
+            "streams": 0,  # times the worker thread started decoding (it runs while rows are live)
+            "batches": 0,  # prefill passes (a batch starting, or requests joining a running one)
+            "rows": 0,  # requests decoded (rows / batches = mean prefill size)
+            "joined_running": 0,  # requests that joined a batch already decoding (continuous batching)
+            "max_rows": 0,  # most rows decoding together so far
             "prompt_tokens": 0,
             "prefix_cached_tokens": 0,  # prompt tokens served from the shared-prefix cache (not prefilled)
             "turn_cached_tokens": 0,  # prompt tokens served from the turn cache (an earlier turn's row)
@@ -331,7 +343,7 @@ class HFGenerator:
         self._task = loop.create_task(self._serve(self._wakeup), name="hf-generator-batcher")
         return self._wakeup
 
-    # -- batching ---------------------------------------------------------------------------------------------
+    # -- serving ----------------------------------------------------------------------------------------------
 
     async def _serve(self, wakeup: asyncio.Event) -> None:
         loop = asyncio.get_running_loop()
@@ -345,7 +357,8 @@ class HFGenerator:
                 await self._wait_for_company(loop, wakeup)
                 batch = self._take_batch()
                 if batch:
-                    await self._run_batch(batch)
+                    await self._run_stream(batch, loop)
+                batch = []
         except Exception as exc:  # a bug here must not leave callers awaiting forever
             logger.exception("HFGenerator: the batching task failed")
             for request in [*batch, *self._pending]:
@@ -371,69 +384,133 @@ class HFGenerator:
             except TimeoutError:
                 return
 
-    def _take_batch(self) -> list[_Request]:
+    def _take_batch(self, limit: int | None = None) -> list[_Request]:
+        """Up to ``limit`` (default ``max_batch_size``) queued requests whose callers still wait.
+
+        Called from the event loop to start a batch and from the worker thread to admit requests into a
+        running one; a deque's ``popleft``/``append`` are safe across the two threads.
+        """
+        limit = self.max_batch_size if limit is None else limit
         batch: list[_Request] = []
-        while self._pending and len(batch) < self.max_batch_size:
-            request = self._pending.popleft()
+        while len(batch) < limit:
+            try:
+                request = self._pending.popleft()
+            except IndexError:
+                break
             if not request.future.done():  # the caller may have been cancelled while queued
                 batch.append(request)
         return batch
 
-    async def _run_batch(self, batch: list[_Request]) -> None:
+    async def _run_stream(self, first: list[_Request], loop: asyncio.AbstractEventLoop) -> None:
         started = time.perf_counter()
         stop = self._stop_batch = threading.Event()
+        self.stats["streams"] += 1
         try:
-            outputs, steps = await asyncio.to_thread(self._decode, batch, stop)
+            await asyncio.to_thread(self._decode, first, stop, loop)
         except asyncio.CancelledError:
             stop.set()  # the loop is going away: let the worker thread finish early
             raise
-        except Exception as exc:
-            self.stats["failed_batches"] += 1
-            logger.warning("HFGenerator: a batch of %d requests failed: %r", len(batch), exc)
-            for request in batch:
-                if not request.future.done():
-                    error = GenerationError(f"generation failed for request {request.request_id!r}: {exc!r}")
-                    error.__cause__ = exc
-                    request.future.set_exception(error)
-            return
         finally:
             self._stop_batch = None
             self.stats["model_seconds"] += time.perf_counter() - started
-        self.stats["batches"] += 1
-        self.stats["rows"] += len(batch)
-        self.stats["max_rows"] = max(self.stats["max_rows"], len(batch))
-        self.stats["decode_steps"] += steps
-        self.stats["prompt_tokens"] += sum(len(r.prompt_ids) for r in batch)
-        for request, output in zip(batch, outputs, strict=True):
-            self.stats["generated_tokens"] += len(output.token_ids)
-            self.stats["aborted"] += output.stop_reason == "aborted"
-            if not request.future.done():
+
+    def _answer(self, loop: asyncio.AbstractEventLoop, request: _Request, output: TokenOutput | BaseException) -> None:
+        """Resolve ``request``'s future on its event loop (from the worker thread) with a result or an error."""
+        def resolve() -> None:
+            if request.future.done():
+                return
+            if isinstance(output, BaseException):
+                request.future.set_exception(output)
+            else:
                 request.future.set_result(output)
+
+        with contextlib.suppress(RuntimeError):  # the loop has closed: nobody is left to answer
+            loop.call_soon_threadsafe(resolve)
+
+    def _fail(self, loop: asyncio.AbstractEventLoop, requests: Iterable[_Request], exc: BaseException) -> None:
+        self.stats["failed_batches"] += 1
+        requests = list(requests)
+        logger.warning("HFGenerator: a batch of %d requests failed: %r", len(requests), exc)
+        for request in requests:
+            error = GenerationError(f"generation failed for request {request.request_id!r}: {exc!r}")
+            error.__cause__ = exc
+            self._answer(loop, request, error)
 
     # -- decoding (worker thread) ------------------------------------------------------------------------------
 
-    def _decode(self, batch: list[_Request], stop: threading.Event) -> tuple[list[TokenOutput], int]:
-        with self._model_lock, torch.inference_mode():
-            return self._decode_locked(batch, stop)
+    def _decode(self, first: list[_Request], stop: threading.Event, loop: asyncio.AbstractEventLoop) -> None:
+        """Decode ``first`` and, with continuous batching, every request that arrives while it runs.
 
-    def _keep_turn(self, cache: Any, slot: int, row_mask: torch.Tensor, prefix_len: int,
-                   token_ids: list[int]) -> None:
-        """Copy the stopped row at ``slot``'s real keys/values after the shared prefix into the turn cache.
-
-        ``token_ids`` are what the cache holds for the row: its prompt and every generated token but the last
-        (sampled, never fed). ``row_mask`` marks the row's real columns, so padding is left behind.
+        A stream: at each decode step's boundary, queued requests (up to ``max_batch_size`` rows in all) are
+        prefilled and merged into the running rows, and rows that finished are answered at once, so an
+        episode's next turn can join the batch its previous turn left. Without continuous batching the rows
+        of ``first`` are decoded alone and answered together when the last one ends.
         """
-        columns = row_mask[prefix_len:].nonzero().squeeze(-1) + prefix_len
-        if len(columns) != len(token_ids) - prefix_len:  # the layout invariant; never expected to fail
+        held: list[tuple[_Request, TokenOutput]] = []  # answers kept for the end (continuous batching off)
+        with self._model_lock, torch.inference_mode():
+            running: RunningBatch | None = None
+            joining = first
+            while True:
+                if joining:
+                    try:
+                        fresh = self._prefill(joining)
+                    except Exception as exc:  # the running rows' state is untouched: they go on
+                        self._fail(loop, joining, exc)
+                        fresh = None
+                    if fresh is not None:
+                        self._count_rows(len(fresh), joined=running is not None)
+                        running = fresh if running is None else merge(running, fresh, self.model.config)
+                        self.stats["max_rows"] = max(self.stats["max_rows"], len(running))
+                if running is None:
+                    break
+                try:
+                    done = self._step(running, stop)
+                except Exception as exc:
+                    self._fail(loop, [row.request for row in running.rows], exc)
+                    running = None
+                    done = []
+                for request, output in done:
+                    if self.continuous_batching:
+                        self._answer(loop, request, output)
+                    else:
+                        held.append((request, output))
+                if running is not None and not len(running):
+                    running = None
+                joining = []
+                if self.continuous_batching and not stop.is_set():
+                    room = self.max_batch_size - (len(running) if running is not None else 0)
+                    joining = self._take_batch(room) if room > 0 else []
+                # without continuous batching a batch ends when its rows do; the serving task starts the next
+                if running is None and not joining:
+                    break
+        for request, output in held:
+            self._answer(loop, request, output)
+
+    def _count_rows(self, rows: int, *, joined: bool) -> None:
+        self.stats["batches"] += 1
+        self.stats["rows"] += rows
+        if joined:
+            self.stats["joined_running"] += rows
+
+    def _keep_turn(self, batch: RunningBatch, slot: int) -> None:
+        """Copy the stopped row at ``slot``'s real keys/values after its shared prefix into the turn cache.
+
+        The cache holds the row's prompt and every generated token but the last (sampled, never fed); the
+        row's mask marks its real columns (in token order), so padding is left behind wherever it sits.
+        """
+        row = batch.rows[slot]
+        token_ids = row.request.prompt_ids + row.output.token_ids[:-1]
+        columns = batch.mask[slot].nonzero().squeeze(-1)[row.prefix_len:]
+        if len(columns) != len(token_ids) - row.prefix_len:  # the layout invariant; never expected to fail
             logger.warning("HFGenerator: turn cache skipped a row (%d real columns for %d tokens)",
-                           len(columns), len(token_ids) - prefix_len)
+                           len(columns), len(token_ids) - row.prefix_len)
             return
         layers = [(layer.keys[slot].index_select(1, columns), layer.values[slot].index_select(1, columns))
-                  for layer in cache.layers]
-        self.turn_cache.store(token_ids, prefix_len, layers)
+                  for layer in batch.cache.layers]
+        self.turn_cache.store(token_ids, row.prefix_len, layers)
 
-    def _decode_locked(self, batch: list[_Request], stop: threading.Event) -> tuple[list[TokenOutput], int]:
-        """Prefill the left-padded prompts, then decode one token per live row per step.
+    def _prefill(self, batch: list[_Request]) -> RunningBatch:
+        """Prefill the left-padded prompts of ``batch``: the rows, their keys/values and next-token logits.
 
         Position ids count real tokens only (padding gets 0 and is masked), so a row's numbers do not
         depend on how much padding its batch-mates forced on it: greedy output is batch-invariant up to
@@ -441,11 +518,6 @@ class HFGenerator:
         """
         from transformers import DynamicCache
 
-        settings = [r.settings for r in batch]
-        outputs = [
-            _Output(frozenset(s.stop_token_ids if s.ignore_eos else (*self.eos_token_ids, *s.stop_token_ids)))
-            for s in settings
-        ]
         # A prefix shared by every row is prefilled once (or reused from earlier batches); rows are laid out
         # as [prefix | left padding | rest of the prompt], the mask hides the padding and the position ids
         # count real tokens, so each row computes what it would alone.
@@ -476,66 +548,73 @@ class HFGenerator:
         positions = (mask.cumsum(dim=-1) - 1).clamp(min=0)[:, start:]
         self.stats["prefix_cached_tokens"] += prefix_len * len(batch)
         self.stats["turn_cached_tokens"] += sum(reused)
+        self.stats["prompt_tokens"] += sum(len(r.prompt_ids) for r in batch)
         sampler = RowSampler(
-            settings, [r.prompt_ids for r in batch], vocab_size=self.vocab_size, shared_rng=self._rng,
-            device=self.device, constraints=[r.constraint for r in batch],
+            [r.settings for r in batch], [r.prompt_ids for r in batch], vocab_size=self.vocab_size,
+            shared_rng=self._rng, device=self.device, constraints=[r.constraint for r in batch],
         )
         logits = self.model(
             input_ids=input_ids, attention_mask=mask, position_ids=positions, past_key_values=cache,
             use_cache=True, logits_to_keep=1,
         ).logits[:, -1, :]
-        positions = positions[:, -1:]
-        live = list(range(len(batch)))  # batch indices of the rows still decoding, in cache order
-        steps = 0
-        while True:
-            tokens, logprobs = sampler(logits)
-            token_list = tokens.tolist()
-            logprob_list = logprobs.tolist() if logprobs is not None else []
-            keep: list[int] = []
-            finished: list[int] = []
-            for slot, row in enumerate(live):
-                output, request = outputs[row], batch[row]
-                output.token_ids.append(token_list[slot])
-                if request.settings.logprobs:
-                    output.log_probs.append(logprob_list[slot])
-                if token_list[slot] in output.stop_ids:
-                    output.stop_reason = "completed"
-                    finished.append(slot)
-                elif len(output.token_ids) >= request.settings.max_tokens:
-                    output.stop_reason = "length"
-                    finished.append(slot)
-                elif stop.is_set() or request.future.done():
-                    output.stop_reason = "aborted"
-                else:
-                    keep.append(slot)
-            if finished and self.turn_cache.enabled:
-                for slot in finished:
-                    row = live[slot]
-                    self._keep_turn(cache, slot, mask[slot], prefix_len,
-                                    batch[row].prompt_ids + outputs[row].token_ids[:-1])
-            if not keep:
-                break
-            if len(keep) < len(live):
-                index = torch.tensor(keep, dtype=torch.long, device=self.device)
-                cache.batch_select_indices(index)
-                sampler.select(index)
-                mask, positions, tokens = mask[index], positions[index], tokens[index]
-                live = [live[slot] for slot in keep]
-            mask = torch.cat([mask, mask.new_ones((len(live), 1))], dim=-1)
-            positions = positions + 1
-            logits = self.model(
-                input_ids=tokens[:, None], attention_mask=mask, position_ids=positions, past_key_values=cache,
-                use_cache=True,
+        rows = [Row(request, self._new_output(request.settings), prefix_len) for request in batch]
+        return RunningBatch(rows, cache, mask, positions[:, -1:], logits, sampler)
+
+    def _new_output(self, settings: SamplingSettings) -> _Output:
+        stops = settings.stop_token_ids if settings.ignore_eos else (*self.eos_token_ids, *settings.stop_token_ids)
+        return _Output(frozenset(stops))
+
+    def _step(self, batch: RunningBatch, stop: threading.Event) -> list[tuple[_Request, TokenOutput]]:
+        """Sample every row's next token; return the rows that ended (answers), and feed the others'.
+
+        Rows that ended leave the batch (their keys/values go to the turn cache first); the rest get one
+        forward pass, after which ``batch`` is ready to sample again.
+        """
+        tokens, logprobs = batch.sampler(batch.logits)
+        token_list = tokens.tolist()
+        logprob_list = logprobs.tolist() if logprobs is not None else []
+        keep: list[int] = []
+        ended: list[int] = []
+        for slot, row in enumerate(batch.rows):
+            output, request = row.output, row.request
+            output.token_ids.append(token_list[slot])
+            if request.settings.logprobs:
+                output.log_probs.append(logprob_list[slot])
+            if token_list[slot] in output.stop_ids:
+                output.stop_reason = "completed"
+            elif len(output.token_ids) >= request.settings.max_tokens:
+                output.stop_reason = "length"
+            elif stop.is_set() or request.future.done():
+                output.stop_reason = "aborted"
+            else:
+                keep.append(slot)
+                continue
+            ended.append(slot)
+            if output.stop_reason != "aborted" and self.turn_cache.enabled:
+                self._keep_turn(batch, slot)
+        answers = [self._finished(batch.rows[slot]) for slot in ended]
+        if len(keep) < len(batch):
+            batch.select(keep)
+            tokens = tokens[torch.tensor(keep, dtype=torch.long, device=self.device)]
+        if keep:
+            batch.mask = torch.cat([batch.mask, batch.mask.new_ones((len(keep), 1))], dim=-1)
+            batch.positions = batch.positions + 1
+            batch.logits = self.model(
+                input_ids=tokens[:, None], attention_mask=batch.mask, position_ids=batch.positions,
+                past_key_values=batch.cache, use_cache=True,
             ).logits[:, -1, :]
-            steps += 1
-        return [
-            TokenOutput(
-                token_ids=o.token_ids,
-                log_probs=o.log_probs if s.logprobs else None,
-                stop_reason=o.stop_reason,
-            )
-            for o, s in zip(outputs, settings, strict=True)
-        ], steps
+            self.stats["decode_steps"] += 1
+        return answers
+
+    def _finished(self, row: Row) -> tuple[_Request, TokenOutput]:
+        output, settings = row.output, row.request.settings
+        self.stats["generated_tokens"] += len(output.token_ids)
+        self.stats["aborted"] += output.stop_reason == "aborted"
+        return row.request, TokenOutput(
+            token_ids=output.token_ids,
+            log_probs=output.log_probs if settings.logprobs else None,
+            stop_reason=output.stop_reason,
+        )
 
 
 def _append_taken(cache: Any, taken: Sequence[TurnEntry | None], reused: Sequence[int], width: int) -> None:

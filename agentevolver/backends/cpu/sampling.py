@@ -192,7 +192,7 @@ class RowSampler:
     of the prompt and the output so far), then argmax for greedy rows, or temperature -> top-k -> top-p ->
     multinomial for sampled rows. The returned log-prob is ``log_softmax(raw_logits / T)`` at the chosen
     token (``T = 1`` for greedy rows): exactly what verl's actor recomputes, which never sees the
-    penalty, top-k or top-p. Rows are removed with :meth:`select` as they finish.
+    penalty, top-k or top-p. Rows are removed with :meth:`select` as they finish and added with :meth:`extend` as requests join.
 
     A row with a :class:`TokenConstraint` has its scores masked first (on a copy: the log-prob stays the
     model's own, as vLLM reports it by default) and tells the constraint which token it chose. Without any
@@ -247,6 +247,33 @@ class RowSampler:
             self._constraints = [self._constraints[i] for i in kept]
         if self._seen is not None:
             self._seen = self._seen[rows]
+
+    def extend(self, other: RowSampler) -> None:
+        """Append ``other``'s rows after this sampler's (rows joining a running batch, in cache order).
+
+        Each row keeps its own settings, generator, constraint and seen-token set; a side without
+        constraints or penalties gets neutral entries (no constraint; an empty seen set under penalty 1,
+        which leaves its scores unchanged).
+        """
+        rows, other_rows = self._temperature.shape[0], other._temperature.shape[0]
+        self._temperature = torch.cat([self._temperature, other._temperature])
+        self._greedy = torch.cat([self._greedy, other._greedy])
+        self._top_k = torch.cat([self._top_k, other._top_k])
+        self._top_p = torch.cat([self._top_p, other._top_p])
+        self._penalty = torch.cat([self._penalty, other._penalty])
+        self._rngs = [*self._rngs, *other._rngs]
+        if self._constraints is not None or other._constraints is not None:
+            self._constraints = [*(self._constraints or [None] * rows), *(other._constraints or [None] * other_rows)]
+        if self._seen is not None or other._seen is not None:
+            vocab = (self._seen if self._seen is not None else other._seen).shape[1]  # type: ignore[union-attr]
+            mine = self._seen if self._seen is not None else \
+                torch.zeros((rows, vocab), dtype=torch.bool, device=self._device)
+            theirs = other._seen if other._seen is not None else \
+                torch.zeros((other_rows, vocab), dtype=torch.bool, device=self._device)
+            self._seen = torch.cat([mine, theirs])
+        self._any_sampled = self._any_sampled or other._any_sampled
+        self._any_logprobs = self._any_logprobs or other._any_logprobs
+        self._any_filter = self._any_filter or other._any_filter
 
     def __call__(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Return (next token per row, its log-prob) for ``logits`` of shape [rows, vocab].

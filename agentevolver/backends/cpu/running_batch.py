@@ -1,0 +1,119 @@
+"""The rows a CPU decode loop advances together, and how rows prefilled at different times become one batch.
+
+Why its own module: with continuous batching, requests join a batch that is already decoding, so two
+batches built at different times (different widths, different shared prefixes, different turn-cache
+layouts) must become one. Every row's layout rule makes that a matter of padding alone: a row is its real
+key/value columns in token order, hidden padding wherever the batch needed it, and position ids that count
+real tokens only. So a batch can be left-padded to any width, and rows of any two batches can be stacked,
+without changing what any row computes (up to floating-point effects of the batch's shape).
+
+This module holds that state and the tensor work on it; the generator (:mod:`.generator`) owns the model,
+the caches and the request queue.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from agentevolver.backends.cpu.sampling import RowSampler
+
+__all__ = ["Row", "RunningBatch", "merge"]
+
+
+@dataclass(slots=True)
+class Row:
+    """One request in a running batch: what it asked for, what it produced so far, and its cache's prefix."""
+
+    request: Any  # the generator's request (prompt_ids, settings, future, constraint)
+    output: Any  # the generator's output under construction (token_ids, log_probs, stop_ids, stop_reason)
+    prefix_len: int  # the shared-prefix length its keys/values were computed with (the turn cache's key)
+
+
+@dataclass(slots=True)
+class RunningBatch:
+    """Rows with their keys/values, ready to sample: ``logits`` holds every row's next-token logits.
+
+    ``mask`` is ``[rows, columns]`` (1 = a real token of that row), the cache has the same columns, and
+    ``positions`` is ``[rows, 1]``, each row's position id of the last token it was fed.
+    """
+
+    rows: list[Row]
+    cache: Any  # transformers.DynamicCache
+    mask: torch.Tensor
+    positions: torch.Tensor
+    logits: torch.Tensor
+    sampler: RowSampler
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    @property
+    def width(self) -> int:
+        """Columns of keys/values (real or padding) each row attends over."""
+        return int(self.mask.shape[1])
+
+    def select(self, keep: list[int]) -> None:
+        """Keep only the rows at ``keep`` (indices into the current rows), in that order."""
+        index = torch.tensor(keep, dtype=torch.long, device=self.mask.device)
+        self.cache.batch_select_indices(index)
+        self.sampler.select(index)
+        self.mask, self.positions, self.logits = self.mask[index], self.positions[index], self.logits[index]
+        self.rows = [self.rows[i] for i in keep]
+
+    def trim(self) -> int:
+        """Drop leading columns that no row attends to (left by rows that have left); return how many.
+
+        Not done while the rows stay the same, so a batch nobody joins computes exactly what it did before
+        continuous batching (its attention widths unchanged); done before a merge, where the batch's shape
+        changes anyway, so a long stream's width follows its live rows, not every row it has served.
+        """
+        used = self.mask.any(dim=0)
+        if not bool(used.any()):
+            return 0
+        dead = int(used.to(torch.int8).argmax())
+        if dead:
+            for layer in self.cache.layers:
+                layer.keys = layer.keys[:, :, dead:]
+                layer.values = layer.values[:, :, dead:]
+            self.mask = self.mask[:, dead:]
+        return dead
+
+
+def _left_pad(tensor: torch.Tensor, width: int, dim: int) -> torch.Tensor:
+    """``tensor`` with zero columns prepended along ``dim`` up to ``width``."""
+    missing = width - tensor.shape[dim]
+    if missing <= 0:
+        return tensor
+    shape = list(tensor.shape)
+    shape[dim] = missing
+    return torch.cat([tensor.new_zeros(shape), tensor], dim=dim)
+
+
+def merge(running: RunningBatch, joining: RunningBatch, model_config: Any) -> RunningBatch:
+    """One batch holding ``running``'s rows, then ``joining``'s; both must be ready to sample.
+
+    The narrower batch is left-padded (masked columns) to the wider one's width; each row's real columns,
+    positions and sampler state are unchanged, so each row goes on computing what it computed alone.
+    """
+    from transformers import DynamicCache
+
+    running.trim()
+    joining.trim()
+    width = max(running.width, joining.width)
+    cache = DynamicCache(config=model_config)
+    for index, (mine, theirs) in enumerate(zip(running.cache.layers, joining.cache.layers, strict=True)):
+        keys = torch.cat([_left_pad(mine.keys, width, 2), _left_pad(theirs.keys, width, 2)])
+        values = torch.cat([_left_pad(mine.values, width, 2), _left_pad(theirs.values, width, 2)])
+        cache.update(keys, values, index)
+    running.sampler.extend(joining.sampler)
+    return RunningBatch(
+        rows=[*running.rows, *joining.rows],
+        cache=cache,
+        mask=torch.cat([_left_pad(running.mask, width, 1), _left_pad(joining.mask, width, 1)]),
+        positions=torch.cat([running.positions, joining.positions]),
+        logits=torch.cat([running.logits, joining.logits.to(running.logits.dtype)]),
+        sampler=running.sampler,
+    )
