@@ -155,7 +155,7 @@ def main() -> None:
     parser.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"])
     parser.add_argument("--max-batch-size", type=int, default=16, help="as the CPU rollout server's default")
     args = parser.parse_args()
-    asyncio.run(main_async(args, Console()))
+    asyncio.run(main_async(args, Console(width=200)))
 
 
 if __name__ == "__main__":

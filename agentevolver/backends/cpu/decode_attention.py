@@ -9,7 +9,9 @@ tokens, bf16, 2 cores), that kernel was 63% of a 194 ms decode step for 18 MFLOP
 
 Here the query heads that share a key/value head are stacked as rows of one small matrix product per
 key/value head: scores ``(B, kv_heads, groups, L)`` from ``q @ k^T``, a float32 softmax, then ``@ v``. No
-cache tensor is copied, and each product is one batched GEMM of the right shape. Prefill (more than one
+cache tensor is copied, and each product is one batched GEMM of the right shape. The generator's growing
+cache (:mod:`.kv_cache`) hands a decode step its whole buffers, spare columns included (contiguous: a bf16
+GEMM copies a strided view first); the mask, padded here, hides the spare columns. Prefill (more than one
 query token), training and anything with dropout go to transformers' own SDPA function unchanged.
 
 :func:`install` registers the function (and SDPA's mask builder) under :data:`NAME` with transformers'
@@ -55,6 +57,10 @@ def decode_attention_forward(
     scores = torch.matmul(query.reshape(batch, kv_heads, groups, dim), key.transpose(-1, -2)).float() * scale
     if attention_mask is not None:  # SDPA's mask: bool (True = attend) or additive, (B, 1, 1, L)
         mask = attention_mask[..., -1:, : key.shape[2]]
+        spare = key.shape[2] - mask.shape[-1]
+        if spare > 0:  # a growing cache's whole buffer (.kv_cache): columns past the mask hold no token yet
+            filler = False if mask.dtype == torch.bool else float("-inf")
+            mask = torch.nn.functional.pad(mask, (0, spare), value=filler)
         if mask.dtype == torch.bool:
             scores = scores.masked_fill(~mask, float("-inf"))
         else:
@@ -64,13 +70,22 @@ def decode_attention_forward(
     return out.reshape(batch, heads, 1, dim).transpose(1, 2).contiguous(), None
 
 
+def _always_a_mask(*args: Any, **kwargs: Any) -> Any:
+    """transformers' SDPA mask, never skipped: where every column is real it would return None, and a decode
+    step over a growing cache's whole buffer (:mod:`.kv_cache`) needs the mask to tell its real columns."""
+    from transformers.masking_utils import sdpa_mask
+
+    kwargs["allow_is_causal_skip"] = False
+    return sdpa_mask(*args, **kwargs)
+
+
 def _register() -> None:
     from transformers import AttentionInterface
-    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
+    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS
 
     if NAME not in AttentionInterface._global_mapping:
         AttentionInterface.register(NAME, decode_attention_forward)
-        ALL_MASK_ATTENTION_FUNCTIONS.register(NAME, sdpa_mask)
+        ALL_MASK_ATTENTION_FUNCTIONS.register(NAME, _always_a_mask)
 
 
 def install(model: Any) -> bool:

@@ -516,13 +516,13 @@ class HFGenerator:
         depend on how much padding its batch-mates forced on it: greedy output is batch-invariant up to
         floating-point effects of the batch shape.
         """
-        from transformers import DynamicCache
+        from agentevolver.backends.cpu.kv_cache import new_cache  # imports transformers
 
         # A prefix shared by every row is prefilled once (or reused from earlier batches); rows are laid out
         # as [prefix | left padding | rest of the prompt], the mask hides the padding and the position ids
         # count real tokens, so each row computes what it would alone.
         cached = self.prefix_cache.lookup([r.prompt_ids for r in batch], self.model)
-        prefix_len, cache = cached if cached is not None else (0, DynamicCache(config=self.model.config))
+        prefix_len, cache = cached if cached is not None else (0, new_cache(self.model.config))
         # A row continuing a conversation whose earlier turn ran here takes that turn's keys/values; the
         # batch lays rows out as [prefix | padding | taken part | padding | new tokens] (.turn_cache).
         taken = [self.turn_cache.take(r.prompt_ids, prefix_len) for r in batch] if self.turn_cache.enabled \

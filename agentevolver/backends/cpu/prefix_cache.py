@@ -91,9 +91,9 @@ class PrefixCache:
     @staticmethod
     def _expand(stored: Any, rows: int, model: Any) -> Any:
         """A fresh cache holding ``stored``'s keys/values repeated ``rows`` times (``stored`` stays intact)."""
-        from transformers import DynamicCache
+        from agentevolver.backends.cpu.kv_cache import new_cache
 
-        cache = DynamicCache(config=model.config)
+        cache = new_cache(model.config)
         for index, layer in enumerate(stored.layers):
             cache.update(layer.keys.expand(rows, -1, -1, -1).contiguous(),
                          layer.values.expand(rows, -1, -1, -1).contiguous(), index)

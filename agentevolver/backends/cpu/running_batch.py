@@ -98,12 +98,12 @@ def merge(running: RunningBatch, joining: RunningBatch, model_config: Any) -> Ru
     The narrower batch is left-padded (masked columns) to the wider one's width; each row's real columns,
     positions and sampler state are unchanged, so each row goes on computing what it computed alone.
     """
-    from transformers import DynamicCache
+    from agentevolver.backends.cpu.kv_cache import new_cache  # imports transformers
 
     running.trim()
     joining.trim()
     width = max(running.width, joining.width)
-    cache = DynamicCache(config=model_config)
+    cache = new_cache(model_config)
     for index, (mine, theirs) in enumerate(zip(running.cache.layers, joining.cache.layers, strict=True)):
         keys = torch.cat([_left_pad(mine.keys, width, 2), _left_pad(theirs.keys, width, 2)])
         values = torch.cat([_left_pad(mine.values, width, 2), _left_pad(theirs.values, width, 2)])

@@ -1,0 +1,105 @@
+"""The growing KV cache (agentevolver/backends/cpu/kv_cache.py) against transformers' DynamicCache.
+
+Oracle: the same model decoding the same rows with ``DynamicCache`` (its ``torch.cat`` append). Real
+``tiny-test`` weights, in fp32 (SDPA, plain layout) and bf16 (the decode attention, transposed keys and whole
+buffers).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, DynamicCache
+
+from agentevolver.backends.cpu import decode_attention
+from agentevolver.backends.cpu.kv_cache import HEADROOM, GrowingLayer, new_cache
+from agentevolver.models import resolve_model_path
+
+
+def load(dtype: torch.dtype) -> Any:
+    model = AutoModelForCausalLM.from_pretrained(resolve_model_path("tiny-test"), dtype=dtype,
+                                                 attn_implementation="sdpa").eval()
+    if dtype == torch.bfloat16:
+        assert decode_attention.install(model)
+    return model
+
+
+def decode(model: Any, cache: Any, steps: int) -> tuple[list[list[int]], list[torch.Tensor]]:
+    """Greedy-decode 3 left-padded rows for ``steps`` steps; the tokens and each step's logits."""
+    torch.manual_seed(0)
+    lengths = [9, 4, 7]
+    width = max(lengths)
+    ids = torch.zeros((3, width), dtype=torch.long)
+    mask = torch.zeros((3, width), dtype=torch.long)
+    for row, length in enumerate(lengths):
+        ids[row, width - length:] = torch.randint(3, 200, (length,))
+        mask[row, width - length:] = 1
+    positions = (mask.cumsum(-1) - 1).clamp(min=0)
+    tokens: list[list[int]] = [[], [], []]
+    logits_seen = []
+    with torch.inference_mode():
+        logits = model(input_ids=ids, attention_mask=mask, position_ids=positions, past_key_values=cache,
+                       use_cache=True, logits_to_keep=1).logits[:, -1]
+        positions = positions[:, -1:]
+        for _ in range(steps):
+            logits_seen.append(logits.float())
+            chosen = logits.argmax(-1)
+            for row, token in enumerate(chosen.tolist()):
+                tokens[row].append(token)
+            mask = torch.cat([mask, mask.new_ones((3, 1))], dim=-1)
+            positions = positions + 1
+            logits = model(input_ids=chosen[:, None], attention_mask=mask, position_ids=positions,
+                           past_key_values=cache, use_cache=True).logits[:, -1]
+    return tokens, logits_seen
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_growing_cache_decodes_what_dynamic_cache_decodes(dtype: torch.dtype) -> None:
+    model = load(dtype)
+    steps = HEADROOM + 12  # crosses one buffer growth
+    want_tokens, want_logits = decode(model, DynamicCache(config=model.config), steps)
+    cache = new_cache(model.config)
+    assert all(isinstance(layer, GrowingLayer) for layer in cache.layers)
+    assert cache.layers[0].keys_transposed == (dtype == torch.bfloat16)
+    got_tokens, got_logits = decode(model, cache, steps)
+    assert got_tokens == want_tokens
+    tolerance = 1e-4 if dtype == torch.float32 else 5e-2
+    for got, want in zip(got_logits, want_logits, strict=True):
+        assert torch.allclose(got, want, atol=tolerance, rtol=0)
+    assert cache.get_seq_length() == 9 + steps
+
+
+def test_appends_write_in_place_until_the_headroom_is_used() -> None:
+    layer = GrowingLayer()
+    first = torch.randn(2, 3, 5, 4)
+    layer.update(first, first + 1)
+    buffer = layer._key_buffer
+    assert buffer is not None and buffer.shape[2] == 5 + HEADROOM
+    for step in range(HEADROOM):
+        column = torch.full((2, 3, 1, 4), float(step))
+        keys, _ = layer.update(column, column)
+        assert layer._key_buffer is buffer  # no copy while there is room
+        assert keys.shape[2] == 6 + step
+    torch.testing.assert_close(layer.keys[:, :, :5], first)
+    torch.testing.assert_close(layer.values[:, :, -1:], torch.full((2, 3, 1, 4), float(HEADROOM - 1)))
+    layer.update(torch.zeros(2, 3, 1, 4), torch.zeros(2, 3, 1, 4))
+    assert layer._key_buffer is not buffer  # full: a new buffer, the old columns carried over
+    torch.testing.assert_close(layer.keys[:, :, :5], first)
+
+
+def test_replaced_keys_start_a_fresh_buffer() -> None:
+    """Rows leaving (``batch_select_indices``) or columns dropped replace ``keys``; the next append must not
+    write into the old buffer behind them."""
+    layer = GrowingLayer(keys_transposed=True)
+    states = torch.randn(3, 2, 6, 4)
+    layer.update(states, states)
+    layer.batch_select_indices(torch.tensor([2, 0]))
+    new = torch.randn(2, 2, 1, 4)
+    keys, values = layer.update(new, new)
+    # a decode step of the transposed layout returns whole buffers; the real columns come first
+    torch.testing.assert_close(keys[:, :, :6], states[[2, 0]])
+    torch.testing.assert_close(keys[:, :, 6:7], new)
+    assert bool((keys[:, :, 7:] == 0).all()) and bool((values[:, :, 7:] == 0).all())
+    torch.testing.assert_close(layer.keys, torch.cat([states[[2, 0]], new], dim=2))
