@@ -90,23 +90,26 @@ async def main_async(args: argparse.Namespace, console: Console) -> None:
     budgets = flow_budgets(cfg)
     sampling = sampling_of(cfg, args.greedy)
     model = str(cfg.actor_rollout_ref.model.path)
+    modes = (*MODES, *(f"continuous, {rows} rows" for rows in args.also_rows))
     generators = {
-        mode: HFGenerator.from_pretrained(model, dtype=args.dtype, max_batch_size=args.max_batch_size, seed=0,
+        mode: HFGenerator.from_pretrained(model, dtype=args.dtype, seed=0,
+                                          max_batch_size=int(mode.split(", ")[1].split()[0]) if ", " in mode
+                                          else args.max_batch_size,
                                           default_max_tokens=budgets["max_response_len"],
-                                          continuous_batching=mode == "continuous")
-        for mode in MODES
+                                          continuous_batching=mode != "closed")
+        for mode in modes
     }
     env_type = settings.env_service.env_type
     split = settings.env_service.val_split if args.split == "val" else settings.env_service.train_split
-    rounds: dict[str, list[dict[str, Any]]] = {mode: [] for mode in MODES}
+    rounds: dict[str, list[dict[str, Any]]] = {mode: [] for mode in modes}
     recorded: list[tuple[list[int], dict[str, Any]]] = []
     with tempfile.TemporaryDirectory() as tmp, env_service(env_type, tmp_path=Path(tmp)) as service:
         async with EnvClient(EnvClientSettings(env_url=service.url)) as env:
             task_ids = spread_over(await env.aget_env_profile(env_type, split), args.tasks)
-            for mode in MODES:  # warm-up: model, caches, connections
+            for mode in modes:  # warm-up: model, caches, connections
                 await run_round(generators[mode], env, settings, budgets, task_ids[:2], sampling)
             for index in range(args.rounds):
-                for mode in (MODES if index % 2 == 0 else MODES[::-1]):
+                for mode in (modes if index % 2 == 0 else modes[::-1]):
                     recorder = Recorder(generators[mode])
                     result = await run_round(recorder, env, settings, budgets, task_ids, sampling,  # type: ignore[arg-type]
                                              rollouts=args.rollouts)
@@ -133,7 +136,7 @@ async def main_async(args: argparse.Namespace, console: Console) -> None:
         rate = row["generated"] / row["seconds"]
         table.add_row(
             mode, f"{row['seconds']:.1f}",
-            f"{best['closed']['seconds'] / row['seconds']:.2f}x" if mode in MODES else "-",
+            f"{best['closed']['seconds'] / row['seconds']:.2f}x" if mode in modes else "-",
             f"{60 * row['episodes'] / row['seconds']:.1f}" if row["episodes"] else "-",
             f"{row['success']}/{row['episodes']}" if row["episodes"] else "-",
             f"{rate:.0f}", f"{rate / pure_rate:.2f}x",
@@ -154,6 +157,8 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2, help="timed rounds per mode")
     parser.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"])
     parser.add_argument("--max-batch-size", type=int, default=16, help="as the CPU rollout server's default")
+    parser.add_argument("--also-rows", type=int, nargs="*", default=[],
+                        help="extra continuous modes with these max_batch_size values (e.g. 32 64)")
     args = parser.parse_args()
     asyncio.run(main_async(args, Console(width=200)))
 
