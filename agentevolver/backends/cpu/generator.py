@@ -179,7 +179,7 @@ class HFGenerator:
             "failed_batches": 0,
             "aborted": 0,  # requests answered with stop_reason "aborted"
             "weight_loads": 0,
-            "model_seconds": 0.0,  # wall time spent in batches (worker thread)
+            "model_seconds": 0.0,  # worker-thread time in prefills and decode steps (added as each step ends)
         }
 
     @classmethod
@@ -402,7 +402,6 @@ class HFGenerator:
         return batch
 
     async def _run_stream(self, first: list[_Request], loop: asyncio.AbstractEventLoop) -> None:
-        started = time.perf_counter()
         stop = self._stop_batch = threading.Event()
         self.stats["streams"] += 1
         try:
@@ -412,7 +411,6 @@ class HFGenerator:
             raise
         finally:
             self._stop_batch = None
-            self.stats["model_seconds"] += time.perf_counter() - started
 
     def _answer(self, loop: asyncio.AbstractEventLoop, request: _Request, output: TokenOutput | BaseException) -> None:
         """Resolve ``request``'s future on its event loop (from the worker thread) with a result or an error."""
@@ -451,6 +449,8 @@ class HFGenerator:
             running: RunningBatch | None = None
             joining = first
             while True:
+                # counted step by step, so a caller answered mid-stream already sees the time spent for it
+                started = time.perf_counter()
                 if joining:
                     try:
                         fresh = self._prefill(joining)
@@ -462,6 +462,7 @@ class HFGenerator:
                         running = fresh if running is None else merge(running, fresh, self.model.config)
                         self.stats["max_rows"] = max(self.stats["max_rows"], len(running))
                 if running is None:
+                    self.stats["model_seconds"] += time.perf_counter() - started
                     break
                 try:
                     done = self._step(running, stop)
@@ -469,6 +470,7 @@ class HFGenerator:
                     self._fail(loop, [row.request for row in running.rows], exc)
                     running = None
                     done = []
+                self.stats["model_seconds"] += time.perf_counter() - started
                 for request, output in done:
                     if self.continuous_batching:
                         self._answer(loop, request, output)
