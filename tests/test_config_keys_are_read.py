@@ -24,6 +24,7 @@ PENDING: dict[str, str] = {}
 DECLARATIONS = {
     REPO_ROOT / "agentevolver" / "config" / "schema.py",
     REPO_ROOT / "agentevolver" / "config" / "agent_program.py",
+    REPO_ROOT / "agentevolver" / "config" / "game.py",
     REPO_ROOT / "agentevolver" / "client" / "llm_config.py",
     REPO_ROOT / "agentevolver" / "module" / "agent_flow" / "config.py",
     REPO_ROOT / "agentevolver" / "module" / "context_manager" / "config.py",

@@ -14,6 +14,7 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_valida
 from agentevolver.client.llm_config import LLMConfig
 from agentevolver.config.agent_flow import AgentFlowConfig
 from agentevolver.config.agent_program import AgentProgramConfig
+from agentevolver.config.game import GameConfig, parse_player
 
 
 class _Section(BaseModel):
@@ -271,12 +272,25 @@ class AgentEvolverSettings(_Section):
     env_service: EnvServiceSection
     agent_flow: AgentFlowConfig
     agent_program: AgentProgramConfig
+    game: GameConfig
     task_manager: TaskManagerSection
     exp_manager: ExpManagerSection
     memory: MemorySection
     attribution_driven_credit_assignment: AdcaSection
     llm: LLMConfig
     launcher: LauncherSection
+
+    @model_validator(mode="after")
+    def _one_episode_kind(self) -> AgentEvolverSettings:
+        if self.game.enabled and self.agent_program.enabled:
+            raise ValueError("game.trained_seats and agent_program are both set; a run's episodes are games or "
+                             "agent-program runs, not both: clear one of them")
+        missing = sorted(name for kind, name in map(parse_player, self.game.opponents.values())
+                         if kind == "endpoint" and name not in self.llm.endpoints)
+        if missing:
+            raise ValueError(f"game.opponents names endpoint(s) {missing} that llm.endpoints does not define; "
+                             f"defined: {', '.join(sorted(self.llm.endpoints))}")
+        return self
 
 
 #: The top-level keys of the composed config that belong to this project (everything else is verl's).

@@ -101,6 +101,10 @@ class EpisodeResult(BaseModel):
     metrics: dict[str, float] = Field(default_factory=dict)
     #: :attr:`EpisodeSpec.played_task` of the episode's spec; None for the environment's own task.
     played_task: dict[str, Any] | None = None
+    #: A game's seats and moves (:mod:`agentevolver.module.agent_flow.game`): ``seats`` (per seat: ``seat``,
+    #: ``player``, ``trained``, ``score``, ``success``, ``failure``, ``error``, ``samples`` = indices into
+    #: :attr:`samples`, ``messages``), ``moves``, ``scores``, ``summary``; None for any other episode.
+    game: dict[str, Any] | None = None
 
     @property
     def final_sample(self) -> Sample | None:
@@ -158,6 +162,8 @@ class EpisodeResult(BaseModel):
         record.update(_token_fields(self.final_sample))
         record["other_samples"] = [_token_fields(sample) for sample in self.samples[:-1]]
         record["advantages"] = advantages
+        if self.game is not None:
+            record["game"] = self.game
         if include_messages:
             record["messages"] = self.messages
         return record

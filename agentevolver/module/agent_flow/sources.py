@@ -7,9 +7,12 @@ reward, training rows) is the same whichever source ran it. Two are known:
 * ``flow``: the agent flow (:class:`~agentevolver.module.agent_flow.flow.AgentFlow`), registered here;
 * ``program``: the user's agent program through the OpenAI-compatible gateway, registered by the gateway
   itself (:mod:`agentevolver.gateway.source`; the verl plugin imports that module in every process that runs
-  agent loops), so the trainer's side never imports the gateway.
+  agent loops), so the trainer's side never imports the gateway;
+* ``game``: one game per episode, the policy playing ``game.trained_seats``
+  (:mod:`agentevolver.module.agent_flow.game`), registered here.
 
-:func:`source_name` picks one from the settings (``agent_program`` set = ``program``). A factory takes the
+:func:`source_name` picks one from the settings (``agent_program`` set = ``program``, ``game.trained_seats``
+set = ``game``). A factory takes the
 :class:`SourceParts` of its worker process (settings, tokenizer, the rollout's ``generate``, the env
 client's connection pool, the experience retriever, token budgets) and returns a source that holds no
 per-episode state, so every episode of the process shares it.
@@ -27,13 +30,15 @@ from agentevolver.module.agent_flow.episode import EpisodeResult, EpisodeSpec
 from agentevolver.module.agent_flow.flow import AgentFlow, GenerateFn, clipper_for
 from agentevolver.registry import Registry
 
-__all__ = ["EPISODE_SOURCES", "FLOW_SOURCE", "PROGRAM_SOURCE", "EpisodeSource", "SourceParts", "build_source",
+__all__ = ["EPISODE_SOURCES", "FLOW_SOURCE", "GAME_SOURCE", "PROGRAM_SOURCE", "EpisodeSource", "SourceParts", "build_source",
            "source_name"]
 
 #: The agent flow's name in :data:`EPISODE_SOURCES`.
 FLOW_SOURCE = "flow"
 #: The agent program's (gateway) name in :data:`EPISODE_SOURCES`.
 PROGRAM_SOURCE = "program"
+#: Games (:mod:`agentevolver.module.agent_flow.game`) in :data:`EPISODE_SOURCES`.
+GAME_SOURCE = "game"
 
 
 class EpisodeSource(Protocol):
@@ -58,7 +63,8 @@ class SourceParts:
 #: name -> factory(parts) -> source.
 EPISODE_SOURCES: Registry[Callable[[SourceParts], EpisodeSource]] = Registry(
     "episode source", "agent_program",
-    hint="an episode source is picked by agent_program (set: 'program', unset: 'flow')")
+    hint="an episode source is picked by agent_program (set: 'program') and game.trained_seats (set: 'game'), "
+         "else 'flow'")
 
 
 @EPISODE_SOURCES.register(FLOW_SOURCE)
@@ -70,9 +76,21 @@ def agent_flow_source(parts: SourceParts) -> AgentFlow:
                      **parts.budgets)
 
 
+@EPISODE_SOURCES.register(GAME_SOURCE)
+def game_source(parts: SourceParts) -> EpisodeSource:
+    """Game episodes (:class:`~agentevolver.module.agent_flow.game.GameEpisodes`), imported when first built."""
+    from agentevolver.module.agent_flow.game import GameEpisodes
+
+    return GameEpisodes(parts.settings, tokenizer=parts.tokenizer, env_client=parts.env_client,
+                        generate=parts.generate, **parts.budgets)
+
+
 def source_name(settings: AgentEvolverSettings) -> str:
-    """``program`` when ``agent_program`` names a callable or a command, else ``flow``."""
-    return PROGRAM_SOURCE if settings.agent_program.enabled else FLOW_SOURCE
+    """``program`` when ``agent_program`` names a callable or a command, ``game`` when ``game.trained_seats``
+    is set, else ``flow``."""
+    if settings.agent_program.enabled:
+        return PROGRAM_SOURCE
+    return GAME_SOURCE if settings.game.enabled else FLOW_SOURCE
 
 
 def build_source(parts: SourceParts) -> EpisodeSource:

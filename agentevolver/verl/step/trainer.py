@@ -17,6 +17,8 @@ where verl has a name for the same work, it is verl's, so verl's per-token timin
 3. ``gen``: verl's agent-loop manager runs the episodes (:mod:`agentevolver.verl.agent_loop`; :mod:`.rollout`)
 4. ``reward``: each episode's score (env ``/evaluate`` or the task's grader, from the agent loop; a colocated
    reward model's) as ``token_level_scores`` (:mod:`.reward`)
+   ``*`` ``seat_rows``: a game's trained seats become episode rows of their own, grouped per (task, seat)
+   (:mod:`.seat_rows`)
 5. ``*`` ``faults``: episodes whose environment, rollout server or grader failed are counted and kept out
    of the update; a step with too many of them stops the run, naming the service (:mod:`.faults`)
 6. ``balance``: verl's batch balancing across data-parallel ranks (:mod:`.sample_rows`)
@@ -79,6 +81,7 @@ from agentevolver.verl.step import (
     rollout,
     rollout_inputs,
     sample_rows,
+    seat_rows,
     step_metrics,
     testing,
     update,
@@ -96,6 +99,7 @@ STEP: tuple[Stage, ...] = (
     Stage("experience_plan", experience.plan_experience),
     Stage("gen", rollout.generate),
     Stage("reward", reward.score),
+    Stage("seat_rows", seat_rows.seat_rows),
     Stage("faults", faults.leave_out_failures),
     Stage("balance", sample_rows.balance),
     Stage("sample_rows", sample_rows.add_sample_rows),
