@@ -95,7 +95,7 @@ async def test_a_request_arriving_mid_batch_joins_it_and_is_answered_before_the_
     want_long = hf_greedy(model, prompts[3], 40)
     want_short = hf_greedy(model, prompts[0], 3)
     gate = StepGate(model, monkeypatch)
-    gen = HFGenerator(model, [EOS], pad_token_id=PAD, batch_wait_s=0)
+    gen = HFGenerator(model, [EOS], pad_token_id=PAD, batch_wait_s=0, continuous_batching=True)
     try:
         long = asyncio.create_task(gen.generate("long", prompt_ids=prompts[3], sampling_params=LONG))
         short = await submit_during(gate, 4, gen, "short", prompts[0],
@@ -120,7 +120,7 @@ async def test_continuous_batching_gives_the_greedy_tokens_of_one_at_a_time_gene
     lengths = [40, 7, 25, 3, 12, 30]
     want = [hf_greedy(model, p, n) for p, n in zip(prompts, lengths, strict=True)]
     gate = StepGate(model, monkeypatch)
-    gen = HFGenerator(model, [EOS], pad_token_id=PAD, batch_wait_s=0)
+    gen = HFGenerator(model, [EOS], pad_token_id=PAD, batch_wait_s=0, continuous_batching=True)
     params = [{"temperature": 0, "max_tokens": n, "ignore_eos": True, "logprobs": True} for n in lengths]
     try:
         first = [asyncio.create_task(gen.generate(f"r{i}", prompt_ids=prompts[i], sampling_params=params[i]))
@@ -145,7 +145,7 @@ async def test_continuous_batching_gives_the_greedy_tokens_of_one_at_a_time_gene
 async def test_without_continuous_batching_a_batch_stays_closed(
     model: Any, prompts: list[list[int]], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """``continuous_batching=False`` is the earlier behaviour: a late request waits for the batch to end."""
+    """``continuous_batching=False`` (the default) is the earlier behaviour: a late request waits for the batch."""
     gate = StepGate(model, monkeypatch)
     gen = HFGenerator(model, [EOS], pad_token_id=PAD, batch_wait_s=0, continuous_batching=False)
     try:
@@ -170,7 +170,7 @@ async def test_joining_rows_keep_the_prefix_and_turn_caches_exact(
     stranger = tokenizer.encode("A prompt that shares nothing with the others.", add_special_tokens=False)
     oracle = copy.deepcopy(model)
     gate = StepGate(model, monkeypatch)
-    gen = HFGenerator(model, [EOS], pad_token_id=PAD, batch_wait_s=0.05)
+    gen = HFGenerator(model, [EOS], pad_token_id=PAD, batch_wait_s=0.05, continuous_batching=True)
     gen.prefix_cache = PrefixCache(block_tokens=8, min_tokens=8)
     greedy = {"temperature": 0, "ignore_eos": True}
     try:

@@ -7,9 +7,9 @@ CPU-only machine there is no vLLM, yet the same agent loop must run: :class:`HFG
 Many episodes await ``generate`` at once, so calls are not run one by one: a background task collects the
 requests that arrive within ``batch_wait_s`` of the first (up to ``max_batch_size``), left-pads them into one
 batch and decodes it in a worker thread, keeping the event loop free for the episodes' environment calls.
-Batching is continuous: requests that arrive while a batch decodes join it at the next step boundary (up to
-``max_batch_size`` rows), and a row is answered the moment it ends, so an episode's next turn joins the batch
-its last turn left instead of waiting for the longest row (:mod:`.running_batch` holds the merge).
+With ``continuous_batching``, requests that arrive while a batch decodes join it at the next step boundary (up
+to ``max_batch_size`` rows), and a row is answered the moment it ends, so an episode's next turn joins the
+batch its last turn left instead of waiting for the longest row (:mod:`.running_batch` holds the merge).
 The decode loop is our own KV-cache loop rather than ``model.generate`` because it lets every row keep its
 own sampling settings, stop tokens, seed and ``max_tokens`` inside one forward pass (``model.generate``
 would need one batch per distinct setting), drops rows from the batch as soon as they finish instead of
@@ -105,8 +105,11 @@ class HFGenerator:
         turn_cache_mb: MiB of finished rows' keys/values kept so that a conversation's next turn prefills only
             its new tokens (:mod:`.turn_cache`); 0 turns it off.
         continuous_batching: requests that arrive while a batch decodes join it at the next decode step, and
-            each row is answered as soon as it ends; False keeps a batch closed until its last row ends
-            (the composition of every batch then depends only on arrival within ``batch_wait_s``).
+            each row is answered as soon as it ends. Off by default: on a 2-core CPU it measured 1.03-1.42x on
+            the quickstart's training episodes but 0.81x on 102 greedy validation episodes, where joiners
+            arrive one or two at a time and each small prefill and merge costs nearly a full decode step
+            (docs/benchmarks.md, issue 44). Off, a batch stays closed until its last row ends (the composition
+            of every batch then depends only on arrival within ``batch_wait_s``).
     """
 
     def __init__(
@@ -121,7 +124,7 @@ class HFGenerator:
         default_max_tokens: int | None = None,
         prefix_cache_entries: int = 4,
         turn_cache_mb: float = 1024,
-        continuous_batching: bool = True,
+        continuous_batching: bool = False,
     ) -> None:
         if max_batch_size < 1:
             raise ValueError(f"max_batch_size must be >= 1; got {max_batch_size}")
