@@ -37,10 +37,13 @@ def prepare_config(cfg: DictConfig) -> DictConfig:
     _check_loggers(cfg.trainer.get("logger"))
     _one_adca_switch(cfg)
     _check_stages(cfg, settings)
+    _check_lora(cfg)
+    _check_async(cfg)
     _resolve_compute_dtypes(cfg)
     _resolve_worker_threads(cfg)
     _runtime_env_vars_as_text(cfg)
     _resolve_allocator(cfg)
+    _join_running_cluster(cfg)
     with open_dict(cfg):
         cfg.actor_rollout_ref.model.path = str(resolve_model_path(str(cfg.actor_rollout_ref.model.path)))
         # Absolute here: the TaskRunner and workers may run on other nodes, in other working directories.
@@ -148,6 +151,31 @@ def _check_stages(cfg: DictConfig, settings: object) -> None:
         warnings.simplefilter("ignore")
         use_critic = need_critic(cfg)
     check_stages(cfg, settings, use_critic=use_critic)
+
+
+def _check_lora(cfg: DictConfig) -> None:
+    """LoRA settings verl would fail on inside a worker, or not apply, stop here (agentevolver/verl/cpu/lora.py)."""
+    from agentevolver.verl.cpu.lora import check_lora
+
+    check_lora(cfg)
+
+
+def _check_async(cfg: DictConfig) -> None:
+    """``trainer.mode`` / ``trainer.max_staleness`` that cannot run stop here (agentevolver/verl/async_loop.py)."""
+    from agentevolver.verl.async_loop import check_async
+
+    check_async(cfg)
+
+
+def _join_running_cluster(cfg: DictConfig) -> None:
+    """Joining a running Ray cluster (several nodes): the preset's local Ray sizes are left out, which Ray refuses
+    there (agentevolver/verl/cluster.py)."""
+    from agentevolver.verl.cluster import drop_local_ray_sizes
+
+    dropped = drop_local_ray_sizes(cfg)
+    if dropped:
+        print(f"[agentevolver] joining the Ray cluster at {dropped['address']}: its nodes declared their own CPUs and "
+              f"GPUs, so {', '.join(dropped['keys'])} (sizes of a local Ray) are left out", file=sys.stderr)
 
 
 def _check_loggers(value: object) -> None:

@@ -112,11 +112,13 @@ def test_init_only_builds_a_memory_and_does_not_train(env, memory, summariser, t
 
 def test_init_train_update_guides_half_strips_them_and_grows_the_memory(env, memory, summariser,
                                                                        tmp_path: Path) -> None:
-    """The full mode, with the quickstart's bypass mode (old log-probs = rollout log-probs) as well."""
+    """The full mode, with the quickstart's bypass mode (old log-probs = rollout log-probs) as well, in async
+    training (step 2 is planned, retrieved and rolled out during step 1's update and summary)."""
     train(env, tmp_path, memory.url, "ws-itu", "init_train_update", "algorithm.rollout_correction.bypass_mode=true",
-          steps=2)
+          "trainer.mode=async", steps=2)
     steps = read_metrics(tmp_path / "run" / "metrics.jsonl")
     assert sorted(steps) == [1, 2]
+    assert steps[2]["async/staleness_max"] == 1.0
     first = steps[1]
     assert first["exp/init_episodes"] == 4  # 2 training tasks x 2 episodes, rolled out before step 1
     assert first["exp/init_cleared"] == 0  # a new workspace: nothing left by an earlier run to delete

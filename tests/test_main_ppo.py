@@ -108,12 +108,14 @@ def test_bad_config_is_reported_before_anything_starts(tmp_path: Path) -> None:
     assert "agent_flow.max_steps" in done.stderr and "agent_flow.context_template" in done.stderr
 
 
-def test_adca_labels_steps_through_the_training_entry(service: str, tmp_path: Path, scripted_llm) -> None:
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_adca_labels_steps_through_the_training_entry(service: str, tmp_path: Path, scripted_llm, mode: str) -> None:
     """Self-Attributing on through its one switch (the estimator): every training episode is judged once per
     step (a scripted judge answers GOOD for step 1), the labels reach the dumps and the ADCA metrics reach
-    metrics.jsonl; the judge has a timer of its own, outside the update's."""
+    metrics.jsonl; the judge has a timer of its own, outside the update's. The same in async training, where
+    step 2's episodes were rolled out during step 1's update."""
     scripted_llm.respond_with(lambda body: "Step 1 Judgment: GOOD")
-    done = train(service, tmp_path, "algorithm.adv_estimator=adca_grpo",
+    done = train(service, tmp_path, "algorithm.adv_estimator=adca_grpo", f"trainer.mode={mode}",
                  f"llm.endpoints.local.base_url={scripted_llm.base_url}",
                  f"llm.endpoints.local.model={SCRIPTED_MODEL}", "llm.endpoints.local.backoff_initial_s=0",
                  "trainer.save_freq=-1", "--verbose")
@@ -124,6 +126,8 @@ def test_adca_labels_steps_through_the_training_entry(service: str, tmp_path: Pa
     for metrics in steps.values():
         assert metrics["adca/active"] == 1.0 and metrics["adca/labelled_samples"] == 4.0
         assert metrics["timing_s/judge"] >= metrics["adca/time_s"] > 0
+    assert [steps[step].get("async/staleness_max") for step in (1, 2)] == (
+        [None, None] if mode == "sync" else [0.0, 1.0])
     for step in (1, 2):
         records = list(read_rollout_dump(tmp_path / "run" / "rollouts" / f"step_{step}.jsonl"))
         assert [r["step_flags"] for r in records] == [[True]] * 4  # lottery episodes have one step

@@ -6,6 +6,7 @@ import contextlib
 import os
 import subprocess
 import sys
+from collections import Counter
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -56,6 +57,19 @@ def training_command(service: str, run_dir: Path, *extra: str) -> list[str]:
         "+ray_kwargs.ray_init.include_dashboard=false",
         *extra,
     ]
+
+
+def resume_from(run_dir: Path, step: int) -> tuple[str, str]:
+    """The overrides that resume a run of :func:`training_command` in ``run_dir`` from its step-``step`` checkpoint."""
+    return "trainer.resume_mode=resume_path", f"trainer.resume_from_path={run_dir / 'run' / f'global_step_{step}'}"
+
+
+def dumped_tasks(run_dir: Path, step: int) -> Counter[str]:
+    """How many episodes of each task the rollout dump of ``step`` holds (``run_dir`` as in :func:`training_command`):
+    a resumed run that trains the tasks the first run had at that step skipped none."""
+    from agentevolver.module.agent_flow import read_rollout_dump
+
+    return Counter(r["task_id"] for r in read_rollout_dump(run_dir / "run" / "rollouts" / f"step_{step}.jsonl"))
 
 
 def load_safetensors(folder: Path) -> dict[str, torch.Tensor]:

@@ -18,13 +18,16 @@ node the run will use, pinned there, which
 and raises one :class:`ClusterCheckError` (a :class:`ConfigError`) listing every problem with the URL or
 path, the config key and the node (IP, host name, Ray node id). :func:`pin_to_driver_node` keeps the
 TaskRunner (which writes rollout dumps, metrics, synthetic tasks and the trainer's checkpoint bookkeeping)
-on the node ``main_ppo`` was started on. Multi-node walk-through: docs/backends.md, "Several nodes".
+on the node ``main_ppo`` was started on. :func:`drop_local_ray_sizes` lets a run whose preset sizes a local Ray
+(the CPU preset's ``num_cpus``/``num_gpus``) join a running cluster. Multi-node walk-through: docs/backends.md,
+"Several nodes"; ``tests/test_multinode.py`` trains on a 2-node cluster on one machine.
 """
 
 from __future__ import annotations
 
 import hashlib
 import logging
+import os
 import socket
 import time
 import uuid
@@ -46,6 +49,7 @@ __all__ = [
     "NodeReport",
     "PathCheck",
     "check_cluster",
+    "drop_local_ray_sizes",
     "endpoints_in_use",
     "nodes_in_use",
     "pin_to_driver_node",
@@ -140,6 +144,39 @@ class ClusterReport:
                 if reason is not None:
                     lines.append(f"{check.what} {check.path} ({check.key}) on {node.where}: {reason}")
         return lines
+
+
+# ------------------------------------------------------------------------------------------ joining a cluster
+
+#: ``ray_kwargs.ray_init`` keys that size a Ray the driver starts; Ray refuses them when it joins a running one.
+LOCAL_RAY_SIZES = ("num_cpus", "num_gpus")
+
+
+def drop_local_ray_sizes(cfg: Any) -> dict[str, Any]:
+    """Leave out ``ray_kwargs.ray_init.num_cpus``/``num_gpus`` when the run joins a running Ray cluster.
+
+    A cluster of several nodes is started with ``ray start`` on each node, which declares that node's CPUs and
+    GPUs; the driver joins it through ``ray_kwargs.ray_init.address`` or ``RAY_ADDRESS``, and ``ray.init`` then
+    refuses any size ("When connecting to an existing cluster, num_cpus and num_gpus must not be provided").
+    The CPU preset sets both for the one-machine case, so a multi-node CPU run would stop there. Changes
+    ``cfg`` in place; returns ``{"address", "keys"}`` of what was dropped, empty when nothing was.
+    """
+    from omegaconf import open_dict
+
+    ray_init = OmegaConf.select(cfg, "ray_kwargs.ray_init", default=None)
+    if ray_init is None:
+        return {}
+    address = str(ray_init.get("address") or os.environ.get("RAY_ADDRESS") or "")
+    if address in ("", "local"):
+        return {}
+    keys = [f"ray_kwargs.ray_init.{key}" for key in LOCAL_RAY_SIZES if ray_init.get(key) is not None]
+    if not keys:
+        return {}
+    with open_dict(cfg):
+        for key in LOCAL_RAY_SIZES:
+            if key in ray_init:
+                ray_init[key] = None
+    return {"address": address, "keys": keys}
 
 
 # ------------------------------------------------------------------------------------------ what to check

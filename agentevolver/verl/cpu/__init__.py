@@ -8,7 +8,9 @@
   behind verl's rollout-server interface (``RolloutReplicaRegistry`` and patch 3 of
   :mod:`agentevolver.verl.patches`);
 * :mod:`.vllm`: the engine-worker extension of the ``vllm_cpu`` preset (patch 4), for verl's own vLLM rollout
-  on a CPU.
+  on a CPU;
+* :mod:`.lora`: actor LoRA: the ``hf`` server's merge of the adapters verl syncs, and the start-up checks of a
+  LoRA config.
 
 They live here, not in :mod:`agentevolver.backends` (torch and transformers only), because each imports verl:
 every verl touch is in :mod:`agentevolver.verl`. :mod:`agentevolver.verl.plugin` registers them, and imports

@@ -19,13 +19,15 @@ Weight sync (``checkpoint_engine.backend=naive``, the only backend for ``hf``): 
 into :meth:`HFServerAdapter.update_weights`. The leader rank sends them to its server in buckets of
 ``checkpoint_engine.update_weights_bucket_megabytes``; the server copies them into the model in place and,
 at the end, checks that every model parameter was written, so after the sync the server's model equals the
-actor's.
+actor's. A LoRA actor (``actor_rollout_ref.model.lora_rank > 0``) sends either merged weights, which load the
+same way, or its adapters, which the server merges into the weights it serves (:mod:`.lora`).
 
 Other differences from verl's vLLM server: one server per replica (tensor/pipeline/data parallel sizes must
 be 1), weights always load from ``model.path`` at start (``load_format`` is ignored), there is no HTTP
 endpoint (the replica's "address" is the server's Ray actor name), ``rollout.dtype`` picks the model dtype
 (use ``float32`` on CPU so rollout and trainer log-probs agree), and ``rollout.engine_kwargs.hf`` is passed to
-``HFGenerator`` (``max_batch_size``, ``batch_wait_s``, ``prefix_cache_entries``, ``turn_cache_mb``, ``seed``). Like vLLM, a missing ``max_tokens`` means
+``HFGenerator`` (``max_batch_size``, ``batch_wait_s``, ``prefix_cache_entries``, ``turn_cache_mb``, ``seed``; replica ``r``
+samples with seed + ``r``, default ``rollout.seed``). Like vLLM, a missing ``max_tokens`` means
 ``min(response_length, prompt_length + response_length - len(prompt))``, clamped to the context, and both
 EOS and length stops report ``stop_reason="completed"``.
 """
@@ -47,6 +49,7 @@ from verl.workers.rollout.base import BaseRollout
 from verl.workers.rollout.replica import RolloutMode, RolloutReplica, TokenOutput
 
 from agentevolver.backends.cpu.generator import HFGenerator
+from agentevolver.verl.cpu.lora import BASE_LAYER, AdapterMerger, base_name
 
 __all__ = ["ROLLOUT_NAME", "HFReplica", "HFRolloutServer", "HFServerAdapter", "server_actor_name"]
 
@@ -116,8 +119,12 @@ class HFRolloutServer:
         self.rollout_mode = rollout_mode
         self.replica_rank = replica_rank
         self.global_steps: int | None = None
-        # HFGenerator options: seed = rollout.seed unless rollout.engine_kwargs.hf says otherwise
+        # HFGenerator options: seed = rollout.seed unless rollout.engine_kwargs.hf says otherwise, plus the replica's
+        # rank: replicas with one seed draw the same numbers, so the samples of a GRPO group that verl spreads over
+        # two replicas came out identical (seen with trainer.nnodes=2: zero advantages from step 2 on)
         self._generator_kwargs = {"seed": self.config.seed, **(self.config.engine_kwargs.get(ROLLOUT_NAME) or {})}
+        if self._generator_kwargs["seed"] is not None:
+            self._generator_kwargs["seed"] = int(self._generator_kwargs["seed"]) + replica_rank
         self._generator = HFGenerator.from_pretrained(
             self.model_config.local_path, dtype=_dtype_name(self.config.dtype), **self._generator_kwargs
         )
@@ -129,6 +136,8 @@ class HFRolloutServer:
         self._admitted.set()
         self._rejecting = False
         self._updated: set[int] | None = None  # ids of parameters written since begin_weight_update
+        self._sync_kind = "weights"  # or "adapters": what the sync in progress carries
+        self._lora = AdapterMerger()
 
     def _new_generator(self) -> HFGenerator:
         """A fresh generator over the same model (after an abort closed the previous one)."""
@@ -222,28 +231,75 @@ class HFRolloutServer:
 
     # -- weights --------------------------------------------------------------------------------------------
 
-    async def begin_weight_update(self) -> None:
-        """Start a sync: from now on, every parameter written is recorded for :meth:`finish_weight_update`."""
+    async def begin_weight_update(self, kind: str = "weights") -> None:
+        """Start a sync: from now on, every parameter written is recorded for :meth:`finish_weight_update`.
+
+        ``kind``: ``"weights"`` (full tensors: full fine-tuning, LoRA merged by the trainer, or the base model of
+        the LoRA adapters route) or ``"adapters"`` (LoRA adapters only, :meth:`load_lora_adapter`).
+        """
+        if kind not in ("weights", "adapters"):
+            raise ValueError(f"begin_weight_update: kind must be 'weights' or 'adapters'; got {kind!r}")
         self._updated = set()
+        self._sync_kind = kind
+        self._lora.begin()
 
     async def load_weights(self, weights: list[tuple[str, torch.Tensor]]) -> int:
-        """Copy ``(name, tensor)`` pairs into the model (names as in the HF model's state dict)."""
-        count = await asyncio.to_thread(self._generator.load_weights, weights)
+        """Copy ``(name, tensor)`` pairs into the model (names as in the HF model's state dict).
+
+        A name with peft's ``.base_layer`` infix (verl's base sync for LoRA adapters) is a LoRA target's base
+        weight: it loads under its HF name and becomes the base the target's adapters are merged onto.
+        """
+        plain: list[tuple[str, torch.Tensor]] = []
+        for name, tensor in weights:
+            if BASE_LAYER + "." in name:
+                name = base_name(name)
+                self._lora.set_base(name, tensor)
+            else:
+                self._lora.forget([name])
+            plain.append((name, tensor))
+        count = await asyncio.to_thread(self._generator.load_weights, plain)
         if self._updated is not None:
-            self._updated.update(id(self._params[name]) for name, _ in weights)
+            self._updated.update(id(self._params[name]) for name, _ in plain)
+        return count
+
+    async def load_lora_adapter(self, adapters: list[tuple[str, torch.Tensor]], peft_config: dict[str, Any]) -> int:
+        """Merge LoRA adapters (peft names, both halves of a target in any order) into the served weights.
+
+        Returns how many weights were written (a target whose other half is still to come is written later).
+        """
+        params = self._params
+
+        def current(name: str) -> torch.Tensor:
+            if name not in params:
+                raise KeyError(f"LoRA adapter for {name!r}, which the rollout model does not have")
+            return params[name]
+
+        merged = self._lora.merge(adapters, peft_config, current)
+        if not merged:
+            return 0
+        count = await asyncio.to_thread(self._generator.load_weights, merged)
+        if self._updated is not None:
+            self._updated.update(id(self._params[name]) for name, _ in merged)
         return count
 
     async def finish_weight_update(self, global_steps: int | None = None) -> int:
-        """End a sync: fail if some model parameter was not written; returns how many parameters were."""
+        """End a sync; returns how many parameters it wrote.
+
+        A full sync must write every model parameter; an adapter sync must pair every half it received and
+        cover every target of the first adapter sync (:meth:`AdapterMerger.finish`).
+        """
         updated, self._updated = self._updated, None
         if updated is None:
             raise RuntimeError("finish_weight_update without begin_weight_update")
-        missing = [name for name, param in self._model.named_parameters() if id(param) not in updated]
-        if missing:
-            raise RuntimeError(
-                f"weight sync left {len(missing)} parameter(s) of the rollout model unchanged "
-                f"(e.g. {missing[:5]}): the trainer sent different names"
-            )
+        if self._sync_kind == "adapters":
+            self._lora.finish()
+        else:
+            missing = [name for name, param in self._model.named_parameters() if id(param) not in updated]
+            if missing:
+                raise RuntimeError(
+                    f"weight sync left {len(missing)} parameter(s) of the rollout model unchanged "
+                    f"(e.g. {missing[:5]}): the trainer sent different names"
+                )
         if global_steps is not None:
             self.global_steps = global_steps
         return len(updated)
@@ -363,31 +419,42 @@ class HFServerAdapter(BaseRollout):
         weights: Iterable[tuple[str, torch.Tensor]] | AsyncIterable[tuple[str, torch.Tensor]],
         global_steps: int | None = None,
         wire_format: str = "named_tensors",
-        peft_config: Any = None,
+        peft_config: dict[str, Any] | None = None,
+        base_sync_done: bool = True,
         **kwargs: Any,
     ) -> None:
-        """Send every ``(name, tensor)`` to the server in buckets; the server checks that all arrived."""
+        """Send every ``(name, tensor)`` to the server in buckets; the server checks that all arrived.
+
+        With ``peft_config`` (a LoRA actor, ``model.lora.merge=false``) verl sends either the base model
+        (``base_sync_done=False``: the first sync of a rollout started on dummy weights) or the adapters, which
+        the server merges into the weights it serves. Without it: full weights (full fine-tuning, or LoRA merged
+        by the trainer).
+        """
         if wire_format != "named_tensors":
             raise NotImplementedError(
                 f"rollout.name=hf takes full tensors (checkpoint_engine.backend=naive); got wire_format={wire_format!r}"
             )
-        if peft_config is not None:
-            raise NotImplementedError(
-                "rollout.name=hf loads merged weights only: set actor_rollout_ref.model.lora.merge=true for LoRA"
-            )
+        adapters = peft_config is not None and base_sync_done
         server = self.server
-        await server.begin_weight_update.remote()
+        await server.begin_weight_update.remote("adapters" if adapters else "weights")
         bucket: list[tuple[str, torch.Tensor]] = []
         size = 0
+
+        async def flush() -> None:
+            if adapters:
+                await server.load_lora_adapter.remote(bucket, dict(peft_config))
+            else:
+                await server.load_weights.remote(bucket)
+
         async for name, tensor in _iterate(weights):
             tensor = tensor.detach().to("cpu")
             bucket.append((name, tensor))
             size += tensor.numel() * tensor.element_size()
             if size >= self._bucket_bytes:
-                await server.load_weights.remote(bucket)
+                await flush()
                 bucket, size = [], 0
         if bucket:
-            await server.load_weights.remote(bucket)
+            await flush()
         await server.finish_weight_update.remote(global_steps)
 
 

@@ -216,7 +216,9 @@ def _attention_implementation(model: torch.nn.Module) -> str:
 
 
 def _takes_logits_to_keep(model: torch.nn.Module) -> bool:
-    return "logits_to_keep" in inspect.signature(model.forward).parameters
+    # a peft model (a LoRA actor) takes **kwargs and hands them to the model it wraps: ask that one
+    inner = model.get_base_model() if hasattr(model, "get_base_model") else model
+    return "logits_to_keep" in inspect.signature(inner.forward).parameters
 
 
 def model_inputs(model: torch.nn.Module, plan: SharedPrefixPlan, prompt_logits: bool = False) -> dict:

@@ -58,9 +58,12 @@ def dump_records(batch: DataProto, step: int, include_messages: bool = True) -> 
         return records
     advantages = batch.batch.get("advantages", None)
     step_flags = batch.non_tensor_batch.get("step_flags")
+    staleness = batch.non_tensor_batch.get("staleness")  # async training only
     for index, episode in enumerate(episodes):
         record = dict(episode)
         record["step"] = step
+        if staleness is not None:
+            record["staleness"] = int(staleness[index])
         if advantages is not None:
             record["advantages"] = advantages[index, : len(record["response_ids"])].tolist()
         if step_flags is not None and step_flags[index] is not None:

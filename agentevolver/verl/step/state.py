@@ -52,8 +52,14 @@ class StepState:
     metrics: dict[str, float] = field(default_factory=dict)
     #: Seconds per stage (``timing_s/<stage>``), plus the rollout's own split (verl's ``agent_loop/*``).
     timings: dict[str, float] = field(default_factory=dict)
-    #: ``time.perf_counter()`` when the step began (``timing_s/step`` is measured from here).
+    #: ``time.perf_counter()`` when the step began (``timing_s/step`` is measured from here; in async training,
+    #: from the end of the step before, so it is the loop's time per step).
     started: float = field(default_factory=time.perf_counter)
+    #: Async training (:mod:`agentevolver.verl.async_loop`): the step whose weights the rollout servers held
+    #: when this step's episodes were generated, and the data loader's position right after its tasks (what a
+    #: checkpoint at this step saves). None in the synchronous loop.
+    rollout_version: int | None = None
+    loader_state: dict[str, Any] | None = None
     _batch: DataProto | None = field(default=None, repr=False)
     _episodes: DataProto | None = field(default=None, repr=False)
 

@@ -42,6 +42,10 @@ where verl has a name for the same work, it is verl's, so verl's per-token timin
     (validation, and a second pass with another experience mode where ``exp_manager.val_compare_mode`` asks;
     :mod:`.testing`), ``metrics`` (verl's summary metrics of the step; :mod:`.step_metrics`)
 
+**Async training** (``trainer.mode=async``, :mod:`agentevolver.verl.async_loop`) runs the same stages split in
+two: :data:`ROLLOUT_STAGES` (1-4 and ``seat_rows``) for later steps in a producer thread, the rest for the current
+step in the main thread, with the weight sync and validation (:data:`PAUSED_STAGES`) while no rollout runs.
+
 :attr:`AgentEvolverTrainer.STAGES` is the stages' names, in order; :meth:`AgentEvolverTrainer.fit` is the loop around
 it (resume, the initial memory, validation before training, the progress bar, logging; the first step's metrics
 also carry the training dataset's ``tasks/*``: the mixture's size and synthetic share, Self-Questioning's
@@ -52,6 +56,7 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from functools import partial
@@ -67,6 +72,7 @@ from agentevolver.errors import ConfigError
 from agentevolver.finished_run import already_trained_message
 from agentevolver.module.adv_processor import AdcaStage
 from agentevolver.module.exp_manager.manager import ExperienceManager, compare_key
+from agentevolver.verl.async_loop import RolloutAhead, TaskBatch, async_settings, record_staleness
 from agentevolver.verl.shared_prefix.checks import check_shared_prompts
 from agentevolver.verl.step import (
     advantage,
@@ -88,7 +94,7 @@ from agentevolver.verl.step import (
 )
 from agentevolver.verl.step.state import Stage, StepState, run_stages
 
-__all__ = ["STEP", "AgentEvolverTrainer", "check_stages"]
+__all__ = ["PAUSED_STAGES", "ROLLOUT_STAGES", "STEP", "AgentEvolverTrainer", "check_stages"]
 
 logger = logging.getLogger(__name__)
 
@@ -123,6 +129,12 @@ STEP: tuple[Stage, ...] = (
 )
 
 
+#: The stages that make a step's episodes; async training runs them ahead, in a thread (:mod:`..async_loop`).
+ROLLOUT_STAGES: tuple[Stage, ...] = STEP[: [stage.name for stage in STEP].index("faults")]
+#: The stages that need the rollout servers to themselves (async training pauses the rollout around them).
+PAUSED_STAGES = ("update_weights", "testing")
+
+
 class AgentEvolverTrainer(RayPPOTrainer):
     """verl's legacy trainer with this project's loop and step (module docstring)."""
 
@@ -144,6 +156,10 @@ class AgentEvolverTrainer(RayPPOTrainer):
         self.experience: ExperienceManager | None = exp if exp.active else None
         #: The experience mode of the validation pass running now, when it is val_compare_mode's second one.
         self._val_mode: RolloutMode | None = None
+        #: ``trainer.max_staleness`` of async training (``trainer.mode=async``); None: the synchronous loop.
+        self.staleness_bound: int | None = async_settings(self.config)
+        #: Async training's producer thread while the loop runs (:mod:`agentevolver.verl.async_loop`).
+        self.rollout_ahead: RolloutAhead | None = None
 
     @property
     def bypass(self) -> bool:
@@ -254,6 +270,9 @@ class AgentEvolverTrainer(RayPPOTrainer):
             self.adca.close()
 
     def _train(self, tracking: Any) -> None:
+        if self.staleness_bound is not None:
+            self._train_async(tracking, self.staleness_bound)
+            return
         from verl.utils.skip.skip_manager import SkipManager
 
         # the epoch a resumed run is in: the steps done so far over the batches per epoch (verl's rule)
@@ -285,6 +304,64 @@ class AgentEvolverTrainer(RayPPOTrainer):
                 self.global_steps += 1
                 SkipManager.set_step(self.global_steps)
         progress.close()
+
+    def _task_batches(self, start_epoch: int) -> Iterator[TaskBatch]:
+        """The task rows of the steps still to train, in order, each with the loader's position after it."""
+        step = self.global_steps
+        for epoch in range(start_epoch, self.config.trainer.total_epochs):
+            for rows in self.train_dataloader:
+                step += 1
+                yield TaskBatch(step=step, epoch=epoch, rows=rows, loader_state=self.train_dataloader.state_dict())
+                if step >= self.total_training_steps:
+                    return
+
+    def _train_async(self, tracking: Any, bound: int) -> None:
+        """The loop of async training: later steps roll out in a thread while each step trains
+        (:mod:`agentevolver.verl.async_loop`). The step's stages are :data:`STEP`'s, split at ``faults``."""
+        from verl.utils.skip.skip_manager import SkipManager
+
+        start_epoch = self.global_steps // max(len(self.train_dataloader), 1)
+        progress = tqdm(total=self.total_training_steps, initial=self.global_steps, desc="Training Progress")
+        train_stages = tuple(stage for stage in STEP[len(ROLLOUT_STAGES):] if stage.name not in PAUSED_STAGES)
+        paused_stages = tuple(stage for stage in STEP if stage.name in PAUSED_STAGES)
+        last = tuple(stage for stage in STEP if stage.name == "metrics")
+        train_stages = tuple(stage for stage in train_stages if stage.name != "metrics")
+        dataset_metrics = dict(getattr(self.train_dataset, "metrics", {}))
+        ahead = RolloutAhead(
+            self._task_batches(start_epoch),
+            roll_out=lambda state: run_stages(ROLLOUT_STAGES, state, self),
+            new_state=lambda task: StepState(step=task.step, epoch=task.epoch, task_rows=task.rows),
+            version=self.global_steps, bound=bound)
+        self.rollout_ahead = ahead.start()
+        step_ended = time.perf_counter()
+        try:
+            while self.global_steps < self.total_training_steps:
+                state, waited = ahead.next_step()
+                self.global_steps = state.step
+                SkipManager.set_step(state.step)
+                if hasattr(self.actor_rollout_wg, "async_calls_finalize_fn_exec"):
+                    self.actor_rollout_wg.async_calls_finalize_fn_exec(blocking=False)
+                # the loop's time per step: from the end of the step before (the rollout ran meanwhile)
+                state.started = step_ended
+                state.metrics["async/wait_rollout_s"] = waited
+                record_staleness(state, bound)
+                state = run_stages(train_stages, state, self)
+                with ahead.paused() as waited_in_flight:
+                    state.metrics["async/wait_rollout_s"] += waited_in_flight
+                    state = run_stages(paused_stages, state, self)
+                    ahead.weights_synced(state.step)
+                state = run_stages(last, state, self)
+                self.max_steps_duration = max(getattr(self, "max_steps_duration", 0.0), state.timings["step"])
+                step_ended = time.perf_counter()
+                tracking.log(data={**dataset_metrics, **state.metrics}, step=state.step)
+                dataset_metrics = {}
+                progress.update(1)
+            if hasattr(self.actor_rollout_wg, "async_calls_finalize_fn_exec"):
+                self.actor_rollout_wg.async_calls_finalize_fn_exec(blocking=True)
+        finally:
+            ahead.stop()
+            self.rollout_ahead = None
+            progress.close()
 
     # ------------------------------------------------------------------ the step
     def train_step(self, rows: dict[str, Any], *, epoch: int = 0) -> dict[str, float]:

@@ -16,7 +16,10 @@ Episode protocol:
     because that answer was written before the results were seen;
   - text containing ``FINAL ANSWER`` -> terminal; the number after it is the answer;
   - other text -> a ``user`` nudge, not terminal;
-  - after ``params.max_steps`` (default 4) assistant messages the episode terminates regardless.
+  - after ``params.max_steps`` (default 4) assistant messages the episode terminates regardless;
+  - ``params.tool_delay_s`` (default 0, at most 30) seconds of wall time per tool call, spent before the
+    results come back: the latency of a real tool (a search, a sandbox), so a trainer's overlap of rollout
+    and update can be measured on a task that waits (bench/async_trainer.py).
 
   The step reward is 0.0 except on the terminating step, where it is the episode's score: dense by
   default, sparse with the instance param ``sparse_reward: true`` (as in ``codebox``); ``info["score"]``
@@ -36,6 +39,7 @@ Episode protocol:
 from __future__ import annotations
 
 import logging
+import time
 from typing import Any
 
 from agentevolver.schema import ChatMessage
@@ -64,6 +68,17 @@ logger = logging.getLogger(__name__)
 DEFAULT_MAX_STEPS = 4
 #: Credit in dense mode for having computed the right number without reporting it as the final answer.
 DENSE_TOOL_CREDIT = 0.5
+#: Upper bound of ``params.tool_delay_s`` (a per-call latency beyond this is a hung tool, not a slow one).
+MAX_TOOL_DELAY_S = 30.0
+
+
+def _delay_param(params: dict[str, Any]) -> float:
+    """``params.tool_delay_s``: seconds from 0 to :data:`MAX_TOOL_DELAY_S`, or an error naming the field."""
+    value = params.get("tool_delay_s", 0.0)
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value <= MAX_TOOL_DELAY_S:
+        raise EnvServiceError(f"params.tool_delay_s must be a number of seconds from 0 to {MAX_TOOL_DELAY_S:g}, "
+                              f"got {value!r}", field="params.tool_delay_s")
+    return float(value)
 
 
 def _int_param(params: dict[str, Any], key: str, default: int, low: int, high: int) -> int:
@@ -120,6 +135,7 @@ class CalcEnv(BaseEnv):
         self.task: CalcTask = get_task(task_id)
         self.max_steps = _int_param(params, "max_steps", DEFAULT_MAX_STEPS, 1, 50)
         self.num_demos = _int_param(params, "demos", DEFAULT_DEMOS, 0, MAX_DEMOS)
+        self.tool_delay_s = _delay_param(params)
         sparse_reward = params.get("sparse_reward", False)
         if not isinstance(sparse_reward, bool):
             raise EnvServiceError(f"params.sparse_reward must be true or false, got {sparse_reward!r}",
@@ -179,6 +195,8 @@ class CalcEnv(BaseEnv):
             return [ChatMessage(role="user", content=f"Your tool call could not be read: {calls.problems[0]}. {hint}")]
         messages = []
         errors = 0
+        if self.tool_delay_s:
+            time.sleep(self.tool_delay_s * len(calls.calls))  # the instance's own thread (env_service.hosts)
         for call in calls.calls:
             result = run_tool(call.function.name, call.function.arguments)
             if result.value is not None:

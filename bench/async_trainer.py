@@ -1,0 +1,137 @@
+"""Synchronous against asynchronous training on the CPU quickstart with slow tools: episodes per minute, one run.
+
+    .venv/bin/python bench/async_trainer.py [--steps 5] [--rounds 1] [--tool-delay 1.5] [--out async.json] [--small]
+
+Each round trains the quickstart twice through the real entry point (``python -m agentevolver.main_ppo``), on one
+calc environment service the bench starts, whose every tool call takes ``--tool-delay`` seconds
+(``+env_service.create_params.tool_delay_s``: a search or a sandbox, not a local calculator): ``trainer.mode=sync``
+and ``trainer.mode=async trainer.max_staleness=1``. Both arms train the same tasks, in the same order, with the
+same number of episodes per step; the order of the arms alternates between rounds. Validation and checkpoints
+are off.
+
+Measured per run, from ``metrics.jsonl``, over steps 2..N (step 1 has nothing to overlap: its rollout runs
+alone in both arms): the loop's seconds per step (``timing_s/step``: in async training the time from one
+step's end to the next's), episodes per minute, the rollout (``gen``) and the actor update, how long the async
+trainer waited for the rollout (``async/wait_rollout_s``: for the step's episodes and before the weight sync) and the staleness it logged. The table gives each arm's
+median over the rounds and async / sync. The CPU, its core count and the load average before and after are
+printed with it. ``--small`` runs tiny-test for 3 steps (a smoke run of the script, not a measurement).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+
+from paired_runs import cpu_model, load, run_rounds  # noqa: E402
+
+from agentevolver.verl.tracking import read_metrics  # noqa: E402
+
+ARMS = {"sync": ["trainer.mode=sync"], "async": ["trainer.mode=async", "trainer.max_staleness=1"]}
+
+
+def run_arm(arm: str, url: str, folder: Path, args: argparse.Namespace) -> dict[str, Any]:
+    """One training run of ``arm``: its per-step times and what the async loop logged."""
+    folder.mkdir(parents=True, exist_ok=True)
+    run_dir = folder / arm
+    command = [
+        sys.executable, "-m", "agentevolver.main_ppo", "--config-name", "quickstart",
+        f"env_service.env_url={url}", f"+env_service.create_params.tool_delay_s={args.tool_delay}",
+        f"trainer.total_training_steps={args.steps}", "trainer.val_before_train=false", "trainer.test_freq=-1",
+        "trainer.save_freq=-1", f"trainer.default_local_dir={run_dir}", "trainer.logger=[jsonl]",
+        f"trainer.experiment_name=bench_{arm}", "+ray_kwargs.ray_init.include_dashboard=false", *ARMS[arm],
+    ]
+    if args.small:
+        command += ["actor_rollout_ref.model.path=tiny-test", "agent_flow.max_tokens_per_turn=16"]
+    started = time.monotonic()
+    log = folder / f"{arm}.log"
+    with log.open("w") as out:
+        done = subprocess.run(command, cwd=folder, stdout=out, stderr=subprocess.STDOUT,
+                              env={**os.environ, "PYTHONPATH": str(ROOT)}, check=False)
+    if done.returncode != 0:
+        raise RuntimeError(f"{arm} run failed ({done.returncode}):\n{log.read_text()[-4000:]}")
+    steps = read_metrics(run_dir / "metrics.jsonl")
+    later = [s for s in sorted(steps) if s > 1]
+    loop_s = sum(steps[s]["timing_s/step"] for s in later)
+    episodes = args.episodes_per_step * len(later)
+
+    def median(key: str) -> float:
+        values = [steps[s][key] for s in later if steps[s].get(key) is not None]
+        return statistics.median(values) if values else float("nan")
+
+    return {
+        "arm": arm,
+        "step_s": median("timing_s/step"),
+        "episodes_per_min": episodes / loop_s * 60,
+        "gen_s": median("timing_s/gen"),
+        "update_actor_s": median("timing_s/update_actor"),
+        "old_log_prob_s": median("timing_s/old_log_prob"),
+        "wait_rollout_s": median("async/wait_rollout_s"),
+        "staleness_max": max((steps[s].get("async/staleness_max", 0.0) for s in steps), default=0.0),
+        "score": statistics.mean(steps[s]["critic/score/mean"] for s in steps),
+        "wall_s": time.monotonic() - started,
+        "per_step_s": {s: steps[s].get("timing_s/step") for s in sorted(steps)},
+    }
+
+
+ROWS = [
+    ("seconds per step (steps 2..N)", lambda r: r["step_s"]),
+    ("episodes per minute", lambda r: r["episodes_per_min"]),
+    ("rollout `gen` (s)", lambda r: r["gen_s"]),
+    ("actor update (s)", lambda r: r["update_actor_s"]),
+    ("old log-probs (s)", lambda r: r["old_log_prob_s"]),
+    ("trainer waited for the rollout (s)", lambda r: r["wait_rollout_s"]),
+    ("staleness (max)", lambda r: r["staleness_max"]),
+    ("mean score over the steps", lambda r: r["score"]),
+    ("whole command (s)", lambda r: r["wall_s"]),
+]
+
+
+def table(results: list[dict[str, Any]]) -> str:
+    lines = ["| | sync | async (staleness 1) | async / sync |", "|---|---|---|---|"]
+    for label, value in ROWS:
+        sync = statistics.median(value(r) for r in results if r["arm"] == "sync")
+        fast = statistics.median(value(r) for r in results if r["arm"] == "async")
+        ratio = f"{fast / sync:.2f}x" if sync and sync == sync and fast == fast else "-"
+        lines.append(f"| {label} | {sync:.2f} | {fast:.2f} | {ratio} |")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--steps", type=int, default=5, help="training steps per run (>= 3)")
+    parser.add_argument("--rounds", type=int, default=1, help="pairs of runs; the order alternates")
+    parser.add_argument("--tool-delay", type=float, default=1.5, help="seconds per calc tool call")
+    parser.add_argument("--out", type=Path, help="write every run's numbers as JSON")
+    parser.add_argument("--small", action="store_true", help="tiny-test, 3 steps: a smoke run of the script")
+    args = parser.parse_args()
+    if args.small:
+        args.steps = 3
+    if args.steps < 3:
+        parser.error("--steps must be >= 3 (step 1 has nothing to overlap)")
+    from agentevolver.config import compose_config
+
+    quickstart = compose_config([], config_name="quickstart")
+    args.episodes_per_step = int(quickstart.data.train_batch_size) * int(quickstart.actor_rollout_ref.rollout.n)
+    print(f"CPU: {cpu_model()}, {psutil.cpu_count(logical=False)} cores; load average before: {load()}; tool "
+          f"delay {args.tool_delay:g} s per call; {args.episodes_per_step} episodes per step", flush=True)
+    results = run_rounds(["sync", "async"], args.rounds, lambda arm, url, folder: run_arm(arm, url, folder, args),
+                         lambda r: f"{r['step_s']:.1f} s per step, {r['episodes_per_min']:.1f} episodes/min",
+                         args.out, "async_bench_")
+    print(f"load average after: {load()}")
+    print(table(results))
+
+
+if __name__ == "__main__":
+    main()
