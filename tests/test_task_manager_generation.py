@@ -147,6 +147,7 @@ def test_generation_masks_the_query_retries_bad_json_and_drops_duplicates(
     # the same funnel as tasks/* metrics (the trainer logs them, the ablation report reads them)
     assert report.metrics() == {
         "tasks/explorations": 6.0, "tasks/explorations_failed": 0.0, "tasks/proposed": 18.0, "tasks/written": 7.0,
+        "tasks/distinct": 5.0, "tasks/eval_overlap": 0.0,  # dedup is per seed: 2 of the 7 repeat another seed's task
         "tasks/rejected": 11.0 + c["summary_rejected_items"], "tasks/rejected/exact_duplicate": 3.0,
         "tasks/rejected/near_duplicate": 6.0, "tasks/rejected/post_filter": 2.0,
         **({"tasks/rejected/malformed": float(c["summary_rejected_items"])} if c["summary_rejected_items"] else {})}

@@ -95,8 +95,9 @@ def test_each_successful_call_becomes_a_task_with_the_observed_result_as_its_pro
 
     rendered = {task.answer: task.query for task in rendering.tasks}
     assert list(rendered) == ["391", "291", "5000", "0.75", "1024", "-30"]
+    # a restatement, or (calc's levels: env_service/environments/calc/stories.py) a story stating 17 and 23
     assert rendered["391"] in ("What is 17 * 23?", "Calculate 17 * 23.", "Compute 17 * 23.",
-                               "What is the value of 17 * 23?")
+                               "What is the value of 17 * 23?") or {"17", "23"} <= set(rendered["391"].split())
     assert "(2.5 + 0.5) / 4" in rendered["0.75"] and "2 ** 10" in rendered["1024"]
     assert rendered["5000"] in ("How many meters are in 5 kilometers?", "Convert 5 kilometers to meters.",
                                 "What is 5 kilometers in meters?")
@@ -279,8 +280,10 @@ def test_cli_writer_env_writes_the_observed_calls_as_proved_tasks_without_asking
         assert task.metadata["proof"]["observation"].strip() == task.ground_truth
     assert {o.task.query for o in by_answer["5000"]} <= {"How many meters are in 5 kilometers?",
                                                          "Convert 5 kilometers to meters.", "What is 5 kilometers in meters?"}
-    assert {o.task.query for o in by_answer["391"]} <= {"What is 17 * 23?", "Calculate 17 * 23.",
-                                                        "Compute 17 * 23.", "What is the value of 17 * 23?"}
+    # a restatement or a story stating both numbers (calc's levels: env_service/environments/calc/stories.py)
+    assert all(o.task.query in {"What is 17 * 23?", "Calculate 17 * 23.", "Compute 17 * 23.",
+                                "What is the value of 17 * 23?"} or {"17", "23"} <= set(o.task.query.split())
+               for o in by_answer["391"])
 
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["writer"].startswith("env: the calc environment renders")

@@ -86,6 +86,10 @@ class TaskManagerSection(_Section):
     num_explore_threads: int = Field(ge=1)
     env_profile: str | None
     num_seed_tasks: int = Field(ge=-1)
+    seed_split: str | None = Field(min_length=1)
+    explorer_temperature: float | None = Field(ge=0.0)
+    explore_seed: int
+    eval_splits: list[str]
     tasks_per_exploration: int = Field(ge=1)
     writer: Literal["env", "llm"]
     parse_retries: int = Field(ge=0)

@@ -68,6 +68,9 @@ class RenderedTask(BaseModel):
     answer: str
     evidence: str
     call: str
+    #: the environment's difficulty level the task is written at (calc: single, chain, word, distractor,
+    #: convert), recorded with the task so a run's report shows its level mix; None when it has no levels
+    level: str | None = None
 
 
 class Rendering(BaseModel):

@@ -11,7 +11,9 @@ The summary shows, per stage, what happened and the rates that measure the LLM r
 re-asks and share of replies generated under the reply schema (structured outputs), or, with the
 environment as writer, what its rendering skipped; for an environment whose observations prove answers,
 the share of written tasks whose answer was proved and the rejections by reason; duplicates; feasibility
-verdicts; then up to five kept tasks and the wall time.
+verdicts; every rejection by reason; what was written (distinct tasks, the level mix) and its overlap with
+the evaluation splits (``task_manager.eval_splits``: 0, or the ``eval_overlap`` filter was off); then up to
+five kept tasks and the wall time.
 
 Exit status: 0 = done; 1 = done, but some explorations or judgements failed (rerun to retry them: the
 finished ones are kept); 2 = a configuration or service problem (the message says what to change).
@@ -43,7 +45,7 @@ from agentevolver.config.loader import ROOT_CONFIG_NAME, load_config
 from agentevolver.errors import AgentEvolverError, ConfigError
 from agentevolver.module.agent_flow.plugins import plugin_name_errors
 from agentevolver.module.task_manager.manager import GenerationReport, TaskManager
-from agentevolver.module.task_manager.seeds import seed_tasks
+from agentevolver.module.task_manager.seeds import seed_split, seed_tasks
 from agentevolver.schema import TaskObjective
 
 PHASES = {"explore": "explore + summarise", "filter": "post filters"}
@@ -104,7 +106,8 @@ def _generate(args: argparse.Namespace, console: Console) -> tuple[GenerationRep
         manager = TaskManager.from_settings(settings, env=env, llm=llm)
         seeds = seed_tasks(env, settings)
         output = args.output or section.synthetic_tasks_path
-        console.print(f"{len(seeds)} seed task(s) of {settings.env_service.env_type!r} x n={section.n} "
+        console.print(f"{len(seeds)} seed task(s) of {settings.env_service.env_type!r} (split "
+                      f"{seed_split(settings)!r}) x n={section.n} "
                       f"explorations -> {output}", highlight=False, soft_wrap=True)
         columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                    TextColumn("eta"), TimeRemainingColumn())
@@ -123,15 +126,24 @@ def _generate(args: argparse.Namespace, console: Console) -> tuple[GenerationRep
 def summary_dict(report: GenerationReport, seeds: int) -> dict[str, object]:
     """The counters and rates of a run as plain data."""
     return {"seeds": seeds, "writer": report.writer, "counts": dict(report.counts), "rates": report.rates(),
-            "rejections": report.rejections(), "metrics": report.metrics(), "failures": report.failures,
+            "rejections": report.rejections(), "rejected": rejected_by_reason(report),
+            "levels": dict(sorted(report.levels.items())), "eval_splits": report.eval_splits,
+            "metrics": report.metrics(), "failures": report.failures,
             "checkpoint": report.checkpoint_status,
             "output": str(report.output_path),
             "examples": [_example(o) for o in report.objectives[:EXAMPLES]]}
 
 
+def rejected_by_reason(report: GenerationReport) -> dict[str, int]:
+    """Every candidate dropped on the way, by reason (the ``tasks/rejected/<reason>`` metrics as counts)."""
+    prefix = "tasks/rejected/"
+    return {key.removeprefix(prefix): int(n) for key, n in report.metrics().items() if key.startswith(prefix)}
+
+
 def _example(objective: TaskObjective) -> dict[str, object]:
     task = objective.task
-    return {"query": task.query, "answer": task.ground_truth, "grader": task.evaluator,
+    return {"query": task.query, "answer": task.ground_truth, "level": task.metadata.get("level"),
+            "grader": task.evaluator,
             "proof": (task.metadata.get("proof") or {}).get("call")}
 
 
@@ -139,11 +151,11 @@ def examples_table(report: GenerationReport) -> Table:
     """Up to :data:`EXAMPLES` kept tasks: what a person checks first."""
     table = Table(title=f"kept tasks (first {min(EXAMPLES, len(report.objectives))} of {len(report.objectives)})",
                   header_style="bold")
-    for column in ("query", "answer", "grader", "proved by"):
+    for column in ("query", "answer", "level", "grader", "proved by"):
         table.add_column(column)
     for objective in report.objectives[:EXAMPLES]:
         row = _example(objective)
-        table.add_row(*(str(row[k] or "-") for k in ("query", "answer", "grader", "proof")))
+        table.add_row(*(str(row[k] or "-") for k in ("query", "answer", "level", "grader", "proof")))
     return table
 
 
@@ -193,7 +205,15 @@ def summary_table(report: GenerationReport, seeds: int) -> Table:
     table.add_row("judged (post filters)", str(c["judged"]),
                   f"{c['judged_kept']} kept ({c['judged_without_llm']} proved, kept without an LLM), "
                   f"{c['judged_unparsed']} unparseable verdict(s); feasibility rate {pct(rates['feasibility_rate'])}")
-    table.add_row("tasks written", str(c["tasks_written"]), str(report.output_path))
+    reasons = ", ".join(f"{reason} {n}" for reason, n in rejected_by_reason(report).items()) or "none"
+    table.add_row("rejected", str(sum(rejected_by_reason(report).values())), f"by reason: {reasons}")
+    levels = ", ".join(f"{level} {n}" for level, n in sorted(report.levels.items())) or "-"
+    table.add_row("tasks written", str(c["tasks_written"]),
+                  f"{c['tasks_distinct']} distinct; levels: {levels}; {report.output_path}")
+    if report.eval_splits:
+        table.add_row("equal to an eval task", str(c["eval_overlap_written"]),
+                      f"of the written, compared with {', '.join(report.eval_splits)} (must be 0); "
+                      f"{c['dropped_eval_overlap']} dropped by eval_overlap")
     return table
 
 

@@ -9,13 +9,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import cached_property
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from agentevolver.client.env_client import EnvClient
 from agentevolver.client.llm_client import LLMClient, LLMClients
 from agentevolver.config.schema import AgentEvolverSettings, TaskManagerSection
 from agentevolver.errors import ConfigError
 from agentevolver.module.task_manager.profile import EnvProfile, load_profile, shipped_profiles
+
+if TYPE_CHECKING:
+    from agentevolver.module.task_manager.eval_overlap import EvalQueries
 
 __all__ = ["ROLE_EXPLORER", "ROLE_FILTER", "ROLE_GRADER", "ROLE_SUMMARIZER", "TaskManagerDeps"]
 
@@ -72,6 +75,14 @@ class TaskManagerDeps:
         if name != "auto":
             return name
         return "reference" if self.profile.answers is not None else "llm"  # the profile in use, already loaded
+
+    @cached_property
+    def eval_queries(self) -> EvalQueries:
+        """The evaluation tasks' queries (``task_manager.eval_splits``), listed once per run on first use, shared
+        by the ``eval_overlap`` filter and the run's report."""
+        from agentevolver.module.task_manager.eval_overlap import EvalQueries  # it imports this module
+
+        return EvalQueries(self)
 
     def client(self, role: str) -> LLMClient:
         """The shared client of ``llm.roles.<role>``."""

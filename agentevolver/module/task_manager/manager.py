@@ -27,11 +27,12 @@ from typing import Any
 from agentevolver.client.env_client import EnvClient, EnvClientError
 from agentevolver.client.llm_client import LLMClients
 from agentevolver.config.schema import AgentEvolverSettings
-from agentevolver.embedders import EMBEDDERS
+from agentevolver.embedders import EMBEDDERS, normalize_text
 from agentevolver.errors import ConfigError, LLMError
 from agentevolver.module.task_manager.checkpoint import ExplorationRecord, GenerationCheckpoint, inputs_digest
 from agentevolver.module.task_manager.deps import ROLE_EXPLORER, ROLE_SUMMARIZER, TaskManagerDeps
 from agentevolver.module.task_manager.env_writer import EnvWriter
+from agentevolver.module.task_manager.eval_overlap import overlap
 from agentevolver.module.task_manager.exploration import EXPLORATION_STRATEGIES, ExplorationStrategy
 from agentevolver.module.task_manager.filters import (
     POST_FILTERS,
@@ -81,6 +82,10 @@ class GenerationReport:
     output_path: Path | None = None
     #: who wrote the tasks (``task_manager.writer``): "llm: <model> (...)" or "env: ..." (see :func:`writer_identity`)
     writer: str = ""
+    #: written tasks by the level the environment wrote them at (``metadata.level``; tasks without one uncounted)
+    levels: Counter[str] = field(default_factory=Counter)
+    #: the evaluation splits the written tasks were compared with (``task_manager.eval_splits`` the env has)
+    eval_splits: list[str] = field(default_factory=list)
 
     def rates(self) -> dict[str, float | None]:
         """parse rate (summariser replies that parsed), re-asks per exploration, structured share (replies
@@ -116,18 +121,24 @@ class GenerationReport:
         reason (``tasks/rejected/<reason>``), so a run's metrics.jsonl (and the ablation report that reads it)
         says how Self-Questioning fed training without its log or checkpoint. Reasons, in funnel order: the
         environment writer's tool calls it did not render (``env_<count>``, :data:`RENDER_COUNTS`), malformed
-        summary items, unproved answers (``answer_<reason>``), duplicates, post-filter rejections."""
+        summary items, unproved answers (``answer_<reason>``), the real-time filters' drops by reason (duplicates,
+        ``eval_overlap``), post-filter rejections. Then what was written: distinct queries, the level mix
+        (``tasks/level/<level>``) and the written tasks equal to an evaluation task (``tasks/eval_overlap``, 0 when
+        the ``eval_overlap`` filter ran)."""
         c = self.counts
         rejected = {f"env_{key}": c[f"env_{key}"] for key in ENV_DROPPED_COUNTS}
         rejected["malformed"] = c["summary_rejected_items"]
         rejected.update({f"answer_{reason}": n for reason, n in self.rejections().items()})
-        rejected.update({key: c[f"dropped_{key}"] for key in ("exact_duplicate", "near_duplicate")})
+        rejected.update({key.removeprefix("dropped_"): n for key, n in sorted(c.items()) if key.startswith("dropped_")})
         rejected["post_filter"] = c["judged"] - c["judged_kept"]
         metrics = {"tasks/explorations": c["explorations_planned"],
                    "tasks/explorations_failed": self.failed_explorations(),
                    "tasks/proposed": c["objectives_proposed"], "tasks/written": c["tasks_written"],
-                   "tasks/rejected": sum(rejected.values())}
+                   "tasks/distinct": c["tasks_distinct"], "tasks/rejected": sum(rejected.values())}
         metrics.update({f"tasks/rejected/{reason}": n for reason, n in rejected.items() if n})
+        metrics.update({f"tasks/level/{level}": n for level, n in sorted(self.levels.items())})
+        if self.eval_splits:
+            metrics["tasks/eval_overlap"] = c["eval_overlap_written"]
         return {key: float(value) for key, value in metrics.items()}
 
 
@@ -172,6 +183,9 @@ class TaskManager:
             "seeds": [s.model_dump(mode="json") for s in seeds],
             "strategy": section.strategy,
             "max_explore_step": section.max_explore_step,
+            "explorer_temperature": section.explorer_temperature,
+            "explore_seed": section.explore_seed,
+            "eval_splits": section.eval_splits,
             "tasks_per_exploration": section.tasks_per_exploration,
             "parse_retries": section.parse_retries,
             "demonstrations": section.demonstrations,
@@ -215,8 +229,18 @@ class TaskManager:
                 report.counts.update(record.counts)
         report.objectives = self._post_filter(candidates, post, checkpoint, report, progress)
         report.output_path = write_objectives(output_path or section.synthetic_tasks_path, report.objectives)
-        report.counts["tasks_written"] = len(report.objectives)
+        self._describe_written(report)
         return report
+
+    def _describe_written(self, report: GenerationReport) -> None:
+        """What was written: how many, how many distinct, at which levels, how many equal an evaluation task."""
+        written = report.objectives
+        report.counts["tasks_written"] = len(written)
+        report.counts["tasks_distinct"] = len({normalize_text(o.task.query or "") for o in written})
+        report.levels = Counter(str(level) for o in written if (level := o.task.metadata.get("level")))
+        if self.section.eval_splits:
+            report.counts["eval_overlap_written"] = overlap(written, self.deps.eval_queries)
+            report.eval_splits = list(self.deps.eval_queries.splits)
 
     def _explore_all(self, plan: list[tuple[Task, int]], strategy: ExplorationStrategy, summarizer: TaskWriter,
                      realtime: list[RealtimeFilter], checkpoint: GenerationCheckpoint, report: GenerationReport,

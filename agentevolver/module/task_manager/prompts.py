@@ -9,7 +9,7 @@ sent as ``response_format`` where the endpoint takes it.
 from __future__ import annotations
 
 #: Bump when a prompt below changes in a way that changes what generation produces.
-PROMPT_VERSION = 3
+PROMPT_VERSION = 4
 
 #: What replaces the seed task's real query before the summariser sees a trajectory (seed 000, ch. 2).
 MASK = "[MASKED]"
@@ -19,11 +19,22 @@ You are now EXPLORING this environment to discover what can be done in it; you a
 task shown to you (use it only as context). For up to {max_steps} steps, take one action per message in \
 the environment's format described above, look at what comes back, and keep varying what you try, so \
 that the record of this exploration shows many different, concrete things a user could ask for. Begin \
-with these operations: {focus}. Avoid ending the episode (submitting or giving a final answer) while \
-there is still something new to try.
+with these operations: {focus}. {opening} Avoid ending the episode (submitting or giving a final answer) \
+while there is still something new to try.
 
 {profile}
 {tools}"""
+
+#: How an exploration opens, one drawn per exploration (``task_manager.explore_seed``, seed task, round), with
+#: ``{numbers}`` a fresh draw of numbers: explorations of one seed start differently even from the same model.
+EXPLORER_OPENINGS = (
+    "Start with the simplest thing it can do, using {numbers}.",
+    "Start with something a user would ask on a busy day, using {numbers}.",
+    "Start by combining two of its abilities, feeding one result into the next, with {numbers}.",
+    "Start with unusual but valid inputs, such as {numbers}.",
+    "Start with an everyday situation (shopping, travel, cooking) that involves {numbers}.",
+    "Start by checking one result a second way, with {numbers}.",
+)
 
 EXPLORER_TOOLS = """
 Tools of the environment (OpenAI function format):

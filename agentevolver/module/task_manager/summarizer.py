@@ -173,6 +173,8 @@ def add_objectives(deps: TaskManagerDeps, seed: Task, trajectory: Trajectory, it
     record = observations(trajectory) if grounded else []
     for item in items:
         metadata: dict[str, Any] = {"exploration": f"{seed.task_id}#{trajectory.rollout_id}"}
+        if getattr(item, "level", None):  # the environment writer's level (calc: single ... convert)
+            metadata["level"] = item.level
         if grounded:
             assert deps.profile.answers is not None
             proof = prove(item.query, item.answer, record, deps.profile.answers)

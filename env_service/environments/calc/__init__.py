@@ -31,6 +31,8 @@ Episode protocol:
 * ``write_tasks`` (capability ``task_writing``, ``POST /task_writing``): each successful tool call of an
   exploration as a question in the style of calc's own tasks, its result the answer
   (:mod:`env_service.environments.calc.task_writing`).
+* split ``explore``: one exploration seed per tool (``explore-calculator``, ``explore-convert_units``), not
+  tasks: Self-Questioning explores them when no human task is given (:mod:`env_service.environments.calc.seeds`).
 * ``evaluate(sparse)``: 1.0 if the final answer is within tolerance; otherwise sparse gives 0.0 and dense
   gives 0.5 if some tool result was within tolerance of the answer (the model computed it but did not
   report it), else 0.0.
@@ -57,9 +59,11 @@ from env_service.environments.calc.prompts import (
     SYSTEM_PROMPT,
     demonstrations,
 )
+from env_service.environments.calc.seeds import calc_task, seed_task_ids
 from env_service.environments.calc.task_writing import render_tasks
-from env_service.environments.calc.tasks import SPLITS, CalcTask, get_task, parse_split, split_task_ids
+from env_service.environments.calc.tasks import SPLITS, CalcTask, parse_split, split_task_ids
 from env_service.environments.calc.tools import run_tool, tool_schemas
+from env_service.environments.exploration_seeds import EXPLORE_SPLIT
 from env_service.errors import BadAction, EnvServiceError, UnknownSplit
 from env_service.registry import register_env
 
@@ -98,20 +102,24 @@ class CalcEnv(BaseEnv):
 
     @classmethod
     def splits(cls) -> list[str]:
-        return list(SPLITS)
+        return list(SPLITS)  # task splits; the seed split ``explore`` holds no task (check_split accepts it)
 
     @classmethod
     def check_split(cls, split: str) -> None:
-        """Accept ``<split>`` and the level-filtered ``<split>/<level>[+<level>...]`` (e.g. ``train/single+chain``)."""
+        """Accept ``<split>``, the level-filtered ``<split>/<level>[+<level>...]`` (e.g. ``train/single+chain``)
+        and ``explore`` (the exploration seeds)."""
+        if split == EXPLORE_SPLIT:
+            return
         try:
             parse_split(split)
         except ValueError as err:
-            raise UnknownSplit(str(err), field="params.split") from err
+            raise UnknownSplit(f"{err}; or {EXPLORE_SPLIT!r} for the exploration seeds (one per tool)",
+                               field="params.split") from err
 
     @classmethod
     def task_ids(cls, split: str) -> list[str]:
         cls.check_split(split)
-        return split_task_ids(split)
+        return seed_task_ids() if split == EXPLORE_SPLIT else split_task_ids(split)
 
     @classmethod
     def tool_schemas(cls) -> list[dict[str, Any]]:
@@ -122,7 +130,7 @@ class CalcEnv(BaseEnv):
         """GOOD/BAD per agent step from what the task requires (capability ``step_labels``; rules:
         :mod:`env_service.environments.calc.labels`). ``params.task`` labels a synthetic task played on this id
         (:mod:`env_service.environments.calc.played_task`)."""
-        return label_episode(played_task(get_task(task_id), params), messages)
+        return label_episode(played_task(calc_task(task_id), params), messages)
 
     @classmethod
     def write_tasks(cls, calls: list[ObservedCall], seed_query: str | None, limit: int | None) -> Rendering:
@@ -132,7 +140,7 @@ class CalcEnv(BaseEnv):
 
     def __init__(self, task_id: str, instance_id: str, params: dict[str, Any]) -> None:
         super().__init__(task_id, instance_id, params)
-        self.task: CalcTask = get_task(task_id)
+        self.task: CalcTask = calc_task(task_id)
         self.max_steps = _int_param(params, "max_steps", DEFAULT_MAX_STEPS, 1, 50)
         self.num_demos = _int_param(params, "demos", DEFAULT_DEMOS, 0, MAX_DEMOS)
         self.tool_delay_s = _delay_param(params)

@@ -1,13 +1,21 @@
 """Tasks ``calc`` writes from an exploration (capability ``task_writing``, ``POST /task_writing``).
 
-Each successful calculator or unit-converter call the explorer made becomes a question in the style of calc's
-own tasks ("What is 17 * 23?", "How many meters are in 5 kilometers?"), its observed result the answer and the
-call the evidence; the task manager still proves each one (:mod:`agentevolver.module.task_manager.env_writer`).
+Each successful calculator or unit-converter call the explorer made becomes a question at one of calc's levels,
+its observed result the answer and the call the evidence; the task manager still proves each one
+(:mod:`agentevolver.module.task_manager.env_writer`). Every task records its level (``RenderedTask.level``):
 
-* A question's template is picked per call by a digest of the call, so the same call always reads the same
-  (reproducible, and the dedup filter sees repeats as exact duplicates) while different calls vary like the
-  environment's own tasks. Expressions are written with one space around each binary operator
-  (:func:`format_expression`), unit symbols as words ("km" -> "kilometers").
+* ``single`` / ``chain``: the expression restated ("What is 17 * 23?"; two or more operations are a chain);
+* ``chain`` also from two dependent calls: a call on an earlier call's result ("12 + 5" -> 17, then "17 * 3")
+  reads as one two-step question ("Add 12 and 5, then multiply the result by 3."), proved through both calls;
+* ``word`` / ``distractor``: a story that tells one operation on two whole numbers
+  (:mod:`env_service.environments.calc.stories`);
+* ``convert``: a unit conversion ("How many meters are in 5 kilometers?").
+
+Of the questions a call can be written as, one is picked by a digest of the call, so the same call always
+reads the same (reproducible, and the dedup filter sees repeats as exact duplicates) while different calls
+spread over the levels. Expressions are written with one space around each binary operator
+(:func:`format_expression`), unit symbols as words ("km" -> "kilometers"). What gives no task is counted:
+
 * ``calls_failed``: the tool returned an error (a result starting with ``Error``) or not exactly one number;
 * ``calls_not_rendered``: a tool with no question here, or a call lacking an argument its question needs;
 * ``calls_merged``: the same call again in one exploration (one task, not two);
@@ -30,8 +38,9 @@ from typing import Any
 
 from agentevolver.schema.task_writing import ObservedCall, RenderedTask, Rendering
 from agentevolver.text_numbers import one_number
+from env_service.environments.calc.stories import stories_for
 
-__all__ = ["CALLS", "FAILURE_PREFIXES", "format_expression", "render_tasks"]
+__all__ = ["CALLS", "FAILURE_PREFIXES", "format_expression", "operations", "render_tasks"]
 
 _TOKEN = re.compile(r"\d+(?:\.\d+)?(?:[eE][-+]?\d+)?|\.\d+|\*\*|[-+*/^×÷·−]|[()]|[^\s\d()]+")
 _BINARY = {"+", "-", "*", "/", "**", "^", "×", "÷", "·", "−"}
@@ -46,6 +55,8 @@ class CallRendering:
     templates: tuple[str, ...]
     expressions: tuple[str, ...] = ()
     words: Mapping[str, str] = field(default_factory=dict)
+    #: the level of a question restating the call (None: by the expression's operations, single or chain)
+    level: str | None = None
 
     def fields(self) -> set[str]:
         """The argument names the templates use."""
@@ -70,7 +81,7 @@ CALLS: Mapping[str, CallRendering] = {
     "convert_units": CallRendering(
         templates=("How many {to_unit} are in {value} {from_unit}?", "Convert {value} {from_unit} to {to_unit}.",
                    "What is {value} {from_unit} in {to_unit}?"),
-        words=_UNIT_WORDS),
+        words=_UNIT_WORDS, level="convert"),
 }
 #: A tool result starting with one of these (case aside) is a failed call (calc's tools answer errors so).
 FAILURE_PREFIXES = ("Error",)
@@ -95,12 +106,18 @@ def format_expression(text: str) -> str:
     return "".join(out).strip()
 
 
+def operations(expression: str) -> int:
+    """Binary operators in ``expression`` as :func:`format_expression` writes it (a sign is none)."""
+    return sum(1 for part in format_expression(expression).split(" ") if part in _BINARY)
+
+
 def render_tasks(calls: Sequence[ObservedCall], *, seed_query: str | None = None,
                  limit: int | None = None) -> Rendering:
     """Each successful, renderable call of ``calls`` (in order) -> a task (see the module docstring)."""
     tasks: list[RenderedTask] = []
     counts: Counter[str] = Counter()
     seen: set[str] = set()
+    results: dict[str, tuple[str, ObservedCall]] = {}  # an earlier one-operation call's result -> its expression
     failures = tuple(prefix.casefold() for prefix in FAILURE_PREFIXES)
     seed_text = _plain(seed_query) if seed_query else None
     for obs in calls:
@@ -120,17 +137,74 @@ def render_tasks(calls: Sequence[ObservedCall], *, seed_query: str | None = None
             counts["calls_merged"] += 1
             continue
         seen.add(key)
-        template = how.templates[int(hashlib.sha256(key.encode()).hexdigest(), 16) % len(how.templates)]
-        query = template.format(**values)
-        if seed_text is not None and any(_plain(t.format(**values)) == seed_text for t in how.templates):
+        restated = [template.format(**values) for template in how.templates]
+        if seed_text is not None and any(_plain(text) == seed_text for text in restated):
+            counts["seed_copies"] += 1
+            continue
+        digest = int(hashlib.sha256(key.encode()).hexdigest(), 16)
+        choices = _questions(how, values, restated[digest % len(restated)], results)
+        level, query, evidence = choices[(digest // len(restated)) % len(choices)]
+        if "expression" in values and operations(values["expression"]) == 1:
+            results.setdefault(answer, (values["expression"], obs))
+        if seed_text is not None and _plain(query) == seed_text:
             counts["seed_copies"] += 1
             continue
         if limit is not None and len(tasks) >= limit:
             counts["over_limit"] += 1
             continue
-        tasks.append(RenderedTask(query=query, answer=answer, evidence=f"{obs.call} -> {result}", call=obs.call))
+        tasks.append(RenderedTask(query=query, answer=answer, evidence=f"{evidence}{obs.call} -> {result}",
+                                  call=obs.call, level=level))
     counts["tasks_rendered"] = len(tasks)
     return Rendering(tasks=tasks, counts=dict(counts))
+
+
+def _questions(how: CallRendering, values: dict[str, str], restated: str,
+               results: Mapping[str, tuple[str, ObservedCall]]) -> list[tuple[str, str, str]]:
+    """Every ``(level, question, evidence before the call)`` the call can be written as: its restatement,
+    then each story and the two-step chain it completes."""
+    expression = values.get("expression")
+    level = how.level or ("single" if expression is None or operations(expression) <= 1 else "chain")
+    choices = [(level, restated, "")]
+    if expression is None:
+        return choices
+    choices += [(story_level, story, "") for story_level, story in stories_for(expression)]
+    chained = _chain(expression, results)
+    if chained is not None:
+        choices.append(chained)
+    return choices
+
+
+#: Two-step questions in words, by (first call's operation, second call's operation); the second call's left
+#: operand is the first call's result. Other pairs read "What is (a op b) op c?".
+_CHAINS: Mapping[tuple[str, str], str] = {
+    ("+", "*"): "Add {a} and {b}, then multiply the result by {c}.",
+    ("-", "*"): "Subtract {b} from {a}, then multiply the result by {c}.",
+    ("*", "+"): "Multiply {a} by {b}, then add {c}.",
+    ("*", "-"): "Multiply {a} by {b}, then subtract {c}.",
+    ("+", "/"): "Add {a} and {b}, then divide the result by {c}.",
+    ("*", "/"): "Multiply {a} by {b}, then divide the result by {c}.",
+}
+
+
+def _chain(expression: str, results: Mapping[str, tuple[str, ObservedCall]]) -> tuple[str, str, str] | None:
+    """A call ``x op c`` whose ``x`` an earlier one-operation call ``a op1 b`` returned -> one chain question
+    stating ``a``, ``b`` and ``c`` (proved through both calls), or None."""
+    parts = expression.split(" ")
+    if len(parts) != 3 or parts[1] not in _BINARY:
+        return None
+    left, operation, c = parts
+    earlier = results.get(left)
+    if earlier is None:
+        return None
+    first, first_call = earlier
+    first_parts = first.split(" ")
+    if len(first_parts) != 3:  # e.g. "(12 + 5)": no worded form, and the parenthesised one would nest oddly
+        return None
+    a, first_operation, b = first_parts
+    template = _CHAINS.get((first_operation, operation))
+    question = (template.format(a=a, b=b, c=c) if template is not None
+                else f"What is ({first}) {operation} {c}?")
+    return "chain", question, f"{first_call.call} -> {first_call.text.strip()}; "
 
 
 def _argument_values(arguments: Any, how: CallRendering) -> dict[str, str] | None:

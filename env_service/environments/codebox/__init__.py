@@ -12,6 +12,9 @@ to do -- the model should learn from them and an episode should not die of a typ
 is kept for messages the client should never send: a role other than ``assistant``, or any step after
 the episode ended.
 
+Split ``explore`` lists one exploration seed per tool (:mod:`.seeds`): not tasks; a submission there is not
+graded and scores 0.
+
 Instances hold no processes or files between calls (every run is its own sandbox), so ``inline``
 isolation is enough: the sandbox already isolates the untrusted code from the service.
 """
@@ -27,7 +30,9 @@ from env_service.base import BaseEnv, Isolation, StepOutcome
 from env_service.environments.codebox import prompts
 from env_service.environments.codebox.actions import parse_text
 from env_service.environments.codebox.grading import Grade, grade
-from env_service.environments.codebox.tasks import SPLITS, get_task, task_ids
+from env_service.environments.codebox.seeds import NOT_GRADED, SeedTask, seed_task, seed_task_ids
+from env_service.environments.codebox.tasks import SPLITS, CodeTask, get_task, task_ids
+from env_service.environments.exploration_seeds import EXPLORE_SPLIT
 from env_service.errors import BadAction
 from env_service.registry import register_env
 from env_service.sandbox import SandboxLimits, run_python
@@ -48,12 +53,17 @@ class CodeBoxEnv(BaseEnv):
     # ------------------------------------------------------------------ class-level
     @classmethod
     def splits(cls) -> list[str]:
-        return list(SPLITS)
+        return list(SPLITS)  # task splits; the seed split ``explore`` holds no task (check_split accepts it)
+
+    @classmethod
+    def check_split(cls, split: str) -> None:
+        if split != EXPLORE_SPLIT:
+            super().check_split(split)
 
     @classmethod
     def task_ids(cls, split: str) -> list[str]:
         cls.check_split(split)
-        return task_ids(split)
+        return seed_task_ids() if split == EXPLORE_SPLIT else task_ids(split)
 
     @classmethod
     def tool_schemas(cls) -> list[dict[str, Any]]:
@@ -62,7 +72,7 @@ class CodeBoxEnv(BaseEnv):
     # ------------------------------------------------------------------ instance-level
     def __init__(self, task_id: str, instance_id: str, params: dict[str, Any]) -> None:
         super().__init__(task_id, instance_id, params)
-        self.task = get_task(task_id)
+        self.task: CodeTask | SeedTask = seed_task(task_id) or get_task(task_id)
         self.sparse_reward = bool(params.get("sparse_reward", False))
         self._grade: Grade | None = None
         self._ended = False
@@ -114,6 +124,9 @@ class CodeBoxEnv(BaseEnv):
         return prompts.format_run(result), {"exit_code": result.exit_code, "killed_reason": result.killed_reason}
 
     def _submit(self, code: str) -> tuple[str, float, dict[str, Any]]:
+        if isinstance(self.task, SeedTask):
+            self._ended = True
+            return NOT_GRADED, 0.0, {"passed": 0, "total": 0, "score": 0.0}
         self._grade = grade(self.task, code)
         self._ended = True
         reward = self.evaluate(sparse=self.sparse_reward)

@@ -2,7 +2,8 @@
 
 The config file (``AGENTEVOLVER_MCP_CONFIG``, :mod:`.config`) names the servers; their tools, as
 ``list_tools`` gives them, are the episode's tools, and calls go through the official ``mcp`` SDK. Tasks come
-from a user's JSONL file or, without one, are exploration seeds for Self-Questioning (:mod:`.tasks`).
+from a user's JSONL file or, without one, are exploration seeds for Self-Questioning (:mod:`.tasks`); split
+``explore`` lists the seeds either way (:mod:`env_service.environments.exploration_seeds`).
 docs/env_mcp.md walks from a server command to a training run.
 
 Episode protocol:
@@ -35,6 +36,7 @@ from typing import Any
 from agentevolver.schema import ChatMessage
 from env_service.actions import read_tool_calls
 from env_service.base import BaseEnv, StepOutcome
+from env_service.environments.exploration_seeds import EXPLORE_SPLIT
 from env_service.environments.mcp.config import McpConfig, ServerConfig, load_config
 from env_service.environments.mcp.connection import CallTimeout, Connection, ServerError
 from env_service.environments.mcp.demonstrations import (
@@ -93,6 +95,10 @@ class _Setup:
             self.tasks = task_file(path if path.is_absolute() else folder / path)
         else:
             self.tasks = exploration_seeds([(t.exposed, t.server, t.tool.description) for t in self.catalog])
+        #: split ``explore``: one exploration seed per tool, with or without a task file (not tasks)
+        self.seeds = {seed.id: seed.model_copy(update={"split": EXPLORE_SPLIT})
+                      for seed in exploration_seeds([(t.exposed, t.server, t.tool.description) for t in self.catalog])
+                      if seed.split == "train"}
         for task in self.tasks:
             unknown = sorted(set(task.servers or []) - set(self.servers))
             if unknown:
@@ -173,11 +179,18 @@ class McpEnv(BaseEnv):
 
     @classmethod
     def splits(cls) -> list[str]:
-        return sorted({task.split for task in setup().tasks})
+        return sorted({task.split for task in setup().tasks})  # ``explore`` holds seeds, not tasks
+
+    @classmethod
+    def check_split(cls, split: str) -> None:
+        if split != EXPLORE_SPLIT:
+            super().check_split(split)
 
     @classmethod
     def task_ids(cls, split: str) -> list[str]:
         cls.check_split(split)
+        if split == EXPLORE_SPLIT:
+            return list(setup().seeds)
         return [task.id for task in setup().tasks if task.split == split]
 
     @classmethod
@@ -187,7 +200,7 @@ class McpEnv(BaseEnv):
     def __init__(self, task_id: str, instance_id: str, params: dict[str, Any]) -> None:
         super().__init__(task_id, instance_id, params)
         self.setup = setup()
-        task = self.setup.by_id.get(task_id)
+        task = self.setup.by_id.get(task_id) or self.setup.seeds.get(task_id)
         if task is None:
             raise UnknownTask(f"mcp has no task {task_id!r}; see POST /get_env_profile for the task ids",
                               field="task_id")

@@ -18,8 +18,8 @@ episode is scored by ``/evaluate``:
   commit made").
 
 Without a file the environment has no task of its own: it offers one **exploration seed** per tool
-(``explore-<tool>``, in ``train`` and ``val``), so Self-Questioning can explore each tool and write tasks,
-which its grader scores. A seed has no answer and ``/evaluate`` gives it 0.
+(``explore-<tool>``, in ``train`` and ``val``; :mod:`env_service.environments.exploration_seeds`), so
+Self-Questioning can explore each tool and write tasks, which its grader scores. A seed has no answer and ``/evaluate`` gives it 0.
 """
 
 from __future__ import annotations
@@ -33,6 +33,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from env_service.environments.exploration_seeds import seed_id, seed_query
 from env_service.errors import EnvUnavailable
 
 NUMBER = re.compile(r"-?\d+(?:\.\d+)?(?:[eE][-+]?\d+)?")
@@ -121,11 +122,8 @@ def exploration_seeds(tools: list[tuple[str, str, str]]) -> list[McpTask]:
     seeds = []
     for split in ("train", "val"):
         for name, server, description in tools:
-            summary = description.strip().splitlines()[0] if description.strip() else "no description"
-            seeds.append(McpTask(
-                id=f"explore-{name}" if split == "train" else f"explore-{name}-val", split=split, servers=[server],
-                query=(f"Find out what the tool `{name}` can do ({summary}): call it with sensible arguments, "
-                       "then report what you learned.")))
+            seeds.append(McpTask(id=seed_id(name) if split == "train" else f"{seed_id(name)}-val", split=split,
+                                 servers=[server], query=seed_query(name, description)))
     return seeds
 
 
