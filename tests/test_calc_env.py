@@ -75,8 +75,8 @@ def test_generation_is_deterministic_across_processes() -> None:
     import subprocess
     import sys
 
-    code = ("import json; from env_service.environments.calc.tasks import get_task, split_task_ids; "
-            "print(json.dumps([[t, get_task(t).query, get_task(t).answer] for s in ('train', 'val', 'test') "
+    code = ("import json; from env_service.environments.calc.tasks import SPLITS, get_task, split_task_ids; "
+            "print(json.dumps([[t, get_task(t).query, get_task(t).answer] for s in SPLITS "
             "for t in split_task_ids(s)]))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                          env={**os.environ, "PYTHONHASHSEED": "12345"}).stdout

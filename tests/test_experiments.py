@@ -279,7 +279,7 @@ def test_a_finished_ablation_in_a_moved_checkout_is_the_same_command(tmp_path: P
     """The state file records absolute paths; a clone of the repository elsewhere holds the same runs."""
     (old_run,) = _checkout(tmp_path / "old")
     RunState(old_run).save(status="done")
-    assert f"trainer.default_local_dir={tmp_path / 'old'}" in old_run.overrides[-3]
+    assert f"trainer.default_local_dir={tmp_path / 'old'}" in old_run.overrides[-4]
 
     new_root = tmp_path / "elsewhere" / "clone"
     (new_run,) = _checkout(new_root)

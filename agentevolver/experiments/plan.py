@@ -18,6 +18,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from agentevolver.config import AgentEvolverSettings
 from agentevolver.errors import ConfigError
+from agentevolver.experiments.records import VALIDATION_DIR
 from agentevolver.experiments.spec import AblationSpec, ResolvedArm
 from agentevolver.launcher.plan import BUILT_IN_SERVICES, build_plan
 from agentevolver.launcher.services import fill_placeholders
@@ -28,8 +29,10 @@ __all__ = ["HOLD_TARGET", "AblationPlan", "RunPlan", "compose_runs", "plan_ablat
 #: The launcher target of the services launch: holds the services until the ablation ends.
 HOLD_TARGET = "agentevolver.experiments.hold"
 
-#: Keys the runner sets on every run (after every other override).
-RUNNER_KEYS = ("trainer.experiment_name", "trainer.default_local_dir", "launcher.record_dir", "trainer.resume_mode")
+#: Keys the runner sets on every run (after every other override). ``trainer.validation_data_dir`` turns on verl's
+#: per-sample validation dump in the run folder: the report's per-task records (:mod:`.records`).
+RUNNER_KEYS = ("trainer.experiment_name", "trainer.default_local_dir", "launcher.record_dir", "trainer.resume_mode",
+               "trainer.validation_data_dir")
 
 
 @dataclass
@@ -146,6 +149,7 @@ def plan_ablation(spec: AblationSpec, spec_path: Path, arms: list[ResolvedArm], 
                 *cli_overrides,
                 f"trainer.experiment_name={experiment}", f"trainer.default_local_dir={run_dir}",
                 f"launcher.record_dir={records}", "trainer.resume_mode=auto",
+                f"trainer.validation_data_dir={run_dir / VALIDATION_DIR}",
             ]
             runs.append(RunPlan(arm=arm.name, seed=seed, experiment=experiment, conf=spec.conf, run_dir=run_dir,
                                 services=services,

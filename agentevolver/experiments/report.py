@@ -6,6 +6,10 @@ samples of each task: the reference's avg@k) and ``val-core/<env>/acc/best@k/mea
 only for k > 1, and best@1 = avg@1). "Before" is the validation at step 0 (``trainer.val_before_train``),
 "after" the one at the run's final step. Per arm: the mean over the finished seeds, ± their sample
 standard deviation (n - 1; none for one seed). Numbers are percentages.
+
+Per task (:mod:`~agentevolver.experiments.records`): each run's final validation as verl dumped it, sample by
+sample; the report scores it per level and, for every arm with a baseline, counts the tasks solved by one arm and
+not the other over the seeds both finished, with the exact McNemar p-value, beside the seed-level differences.
 """
 
 from __future__ import annotations
@@ -15,18 +19,26 @@ import os
 import re
 import shlex
 import statistics
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, get_args
 
 from agentevolver.config.schema import RolloutMode
 from agentevolver.experiments.plan import AblationPlan, RunPlan
+from agentevolver.experiments.records import (
+    McNemar,
+    TaskRecord,
+    mcnemar,
+    per_level,
+    read_records,
+    solved_tasks,
+)
 from agentevolver.experiments.state import RunState, now, read_metrics_file
 from agentevolver.module.exp_manager.manager import compare_key
 
 __all__ = ["ArmSummary", "PairedDifference", "RunResult", "arm_rows", "collect", "environments", "experience_rows",
-           "k_label", "paired_differences", "summarize", "write_report"]
+           "k_label", "level_rows", "paired_differences", "paired_tasks", "summarize", "write_report"]
 
 #: verl's validation metrics: ``<core>/<env>/<var>/mean@k`` and ``<core>/<env>/<var>/best@k/mean``, where core is
 #: ``val-core`` for the regular pass (and ``val-exp_<mode>-core`` for val_compare_mode's second one).
@@ -64,6 +76,9 @@ class RunResult:
     #: The training dataset's ``tasks/*`` metrics as last logged (the mixture's size; Self-Questioning's
     #: generation funnel: written, rejected by reason); {} when the run logged none.
     tasks: dict[str, float] = field(default_factory=dict)
+    #: The final validation's per-sample records (``<run dir>/validation/<final step>.jsonl``); [] when the run
+    #: is unfinished or wrote none.
+    records: list[TaskRecord] = field(default_factory=list)
 
     def before(self, env: str) -> float | None:
         return self.avg.get(env, {}).get(0)
@@ -137,7 +152,9 @@ def collect(plan: AblationPlan) -> list[RunResult]:
                                  success_without_experience=_step_mean(metrics, "exp/success_without_experience"),
                                  validation_experience=_final_experience(metrics, run.total_steps),
                                  compared=_final_compared(metrics, run.total_steps),
-                                 tasks=_last_logged(metrics, "tasks/"), machines=state.machines()))
+                                 tasks=_last_logged(metrics, "tasks/"), machines=state.machines(),
+                                 records=read_records(run.run_dir, run.total_steps)
+                                 if done and run.total_steps is not None else []))
     return results
 
 
@@ -200,21 +217,29 @@ class PairedDifference:
         return mean - half, mean + half
 
 
-def paired_differences(plan: AblationPlan, results: list[RunResult], env: str) -> list[PairedDifference]:
-    """Every arm that names a baseline (``baseline`` in the ablation file), against it."""
-    finished = {(r.run.arm, r.run.seed): r for r in results if r.status == "done"}
-    out = []
+def _seed_pairs(plan: AblationPlan, results: list[RunResult],
+                keep: Callable[[RunResult], bool] = lambda _r: True) -> Iterator[tuple[str, str, dict]]:
+    """(arm, baseline, seed -> (arm's run, baseline's run)) for every arm that names a baseline (``baseline`` in
+    the ablation file), over the seeds both finished with a run that ``keep`` accepts."""
+    finished = {(r.run.arm, r.run.seed): r for r in results if r.status == "done" and keep(r)}
     for arm in plan.arms:
         if arm.baseline is None:
             continue
+        pairs = {seed: (finished[(arm.name, seed)], finished[(arm.baseline, seed)]) for seed in plan.seeds
+                 if (arm.name, seed) in finished and (arm.baseline, seed) in finished}
+        yield arm.name, arm.baseline, pairs
+
+
+def paired_differences(plan: AblationPlan, results: list[RunResult], env: str) -> list[PairedDifference]:
+    """Every arm that names a baseline (``baseline`` in the ablation file), against it."""
+    out = []
+    for arm, baseline, pairs in _seed_pairs(plan, results):
         diffs = {}
-        for seed in plan.seeds:
-            mine, theirs = finished.get((arm.name, seed)), finished.get((arm.baseline, seed))
-            if mine is not None and theirs is not None:
-                a, b = mine.after(env), theirs.after(env)
-                if a is not None and b is not None:
-                    diffs[seed] = a - b
-        out.append(PairedDifference(arm.name, arm.baseline, diffs))
+        for seed, (mine, theirs) in pairs.items():
+            a, b = mine.after(env), theirs.after(env)
+            if a is not None and b is not None:
+                diffs[seed] = a - b
+        out.append(PairedDifference(arm, baseline, diffs))
     return out
 
 
@@ -226,6 +251,39 @@ def paired_rows(plan: AblationPlan, results: list[RunResult], env: str) -> list[
                      "—" if pair.mean is None else f"{100 * pair.mean:+.1f}",
                      "—" if interval is None else f"[{100 * interval[0]:+.1f}, {100 * interval[1]:+.1f}]",
                      ", ".join(f"{seed}: {100 * d:+.1f}" for seed, d in sorted(pair.diffs.items())) or "—"])
+    return rows
+
+
+def paired_tasks(plan: AblationPlan, results: list[RunResult]) -> list[McNemar]:
+    """Every arm that names a baseline, against it task by task: the McNemar count of their final validations,
+    pooled over the seeds both finished with per-task records (:func:`~agentevolver.experiments.records.mcnemar`)."""
+    return [mcnemar(arm, baseline, {seed: (solved_tasks(mine.records), solved_tasks(theirs.records))
+                                    for seed, (mine, theirs) in pairs.items()})
+            for arm, baseline, pairs in _seed_pairs(plan, results, lambda r: bool(r.records)) if pairs]
+
+
+def paired_task_rows(plan: AblationPlan, results: list[RunResult]) -> list[list[str]]:
+    return [[test.arm, test.baseline, ", ".join(map(str, test.seeds)), str(test.pairs), str(test.only_arm),
+             str(test.only_baseline), str(test.both), str(test.neither), f"{test.p_value:.3g}"]
+            for test in paired_tasks(plan, results)]
+
+
+def _levels(results: list[RunResult]) -> list[str]:
+    """The levels the final validations hold, in order of appearance, then ``all``."""
+    seen = {level: None for r in results for level in per_level(r.records) if level != "all"}
+    return [*seen, "all"] if seen or any(r.records for r in results) else []
+
+
+def level_rows(plan: AblationPlan, results: list[RunResult]) -> list[list[str]]:
+    """Per arm: the final validation's success per level (mean ± std over the seeds with records)."""
+    levels = _levels(results)
+    rows = []
+    for summary in summarize(plan, results):
+        scored = [per_level(r.records) for r in summary.done if r.records]
+        if not scored:
+            continue
+        rows.append([summary.arm, str(len(scored)),
+                     *(_mean_sd([s[level] for s in scored if level in s]) for level in levels)])
     return rows
 
 
@@ -412,6 +470,21 @@ def render_markdown(plan: AblationPlan, results: list[RunResult], command_line: 
             lines += _table(["arm", "training success with experience", "without", f"validation avg@{k} after",
                              "second pass after"], experience)
             lines.append("")
+    levels = level_rows(plan, results)
+    if levels:
+        lines += ["## Final validation per task", "",
+                  "From each run's per-sample validation dump (`validation/<step>.jsonl`): success per level (mean "
+                  "± std over the finished seeds with records), and, for each arm against its baseline, the tasks "
+                  "solved by one and not the other over (seed, task) pairs pooled over the seeds both finished. A "
+                  "task counts as solved when at least half its samples succeeded (its one sample, with greedy "
+                  "validation). p = exact McNemar (two-sided binomial on the discordant pairs).", ""]
+        lines += _table(["arm", "seeds", *(f"{level} (%)" for level in _levels(results))], levels)
+        lines.append("")
+        tasks = paired_task_rows(plan, results)
+        if tasks:
+            lines += _table(["arm", "baseline", "seeds", "pairs", "arm only", "baseline only", "both", "neither",
+                             "McNemar p"], tasks)
+            lines.append("")
     synthetic = synthetic_rows(results)
     if synthetic:
         lines += ["## Self-Questioning: synthetic tasks per run", "",
@@ -552,12 +625,20 @@ def summary_json(plan: AblationPlan, results: list[RunResult]) -> dict[str, Any]
             if pair is not None:
                 per_env[env]["paired"] = {"baseline": pair.baseline, "diffs": pair.diffs, "mean": pair.mean,
                                           "interval95": pair.interval()}
+        test = next((t for t in paired_tasks(plan, results) if t.arm == summary.arm), None)
+        per_task = None if test is None else {
+            "baseline": test.baseline, "seeds": list(test.seeds), "pairs": test.pairs, "only_arm": test.only_arm,
+            "only_baseline": test.only_baseline, "both": test.both, "neither": test.neither,
+            "mcnemar_p": test.p_value}
         arms.append({"arm": summary.arm, "planned": summary.planned, "done": len(summary.done),
-                     "roles": summary.roles, "wall_s": summary.wall(), "validation": per_env})
+                     "roles": summary.roles, "wall_s": summary.wall(), "validation": per_env,
+                     "levels_after": [per_level(r.records) for r in summary.done if r.records],
+                     "paired_tasks": per_task})
     runs = [{**r.run.to_json(), "status": r.status, "attempts": r.attempts, "wall_s": r.wall_s, "k": r.k,
              "avg": {env: {str(s): v for s, v in c.items()} for env, c in r.avg.items()},
              "best": {env: {str(s): v for s, v in c.items()} for env, c in r.best.items()},
-             "compared_after": r.compared, "tasks": r.tasks, "machines": r.machines} for r in results]
+             "compared_after": r.compared, "tasks": r.tasks, "machines": r.machines,
+             "levels_after": per_level(r.records)} for r in results]
     return {"name": plan.spec.name, "updated": now(), "arms": arms, "runs": runs,
             "budget_differences": plan.budget_differences()}
 

@@ -28,6 +28,10 @@ STATE_FILE = "ablation_run.json"
 #: The trainer's per-step metrics (agentevolver.verl.tracking.METRICS_FILE).
 METRICS_FILE = "metrics.jsonl"
 
+#: Runner keys added after ablations were committed: a run stored without one is still the same command (it
+#: ran before the runner set the key; resumed, it gets it). trainer.validation_data_dir: per-task records.
+_LATER_RUNNER_KEYS = ("trainer.validation_data_dir",)
+
 #: Keys that only a training step's line has (a validation-only line, e.g. step 0, has none of them).
 _TRAINING_KEYS = ("timing_s/step", "actor/pg_loss", "training/global_step")
 
@@ -110,12 +114,16 @@ class RunState:
 
         The stored command holds absolute paths of the checkout it ran in; a clone of the same ablation
         elsewhere (another checkout, a CI machine) is the same command, so the stored paths are moved to
-        this checkout first (:func:`relocate`)."""
+        this checkout first (:func:`relocate`). A runner key added since it ran (:data:`_LATER_RUNNER_KEYS`) is
+        not a difference."""
         if not self.data:
             return
         stored = relocate([str(self.data.get("conf")), *self.data.get("overrides", [])], self.stored_run_dir(),
                           self.run.run_dir)
-        if stored != [str(self.run.conf), *self.run.overrides]:
+        stored_keys = {str(override).partition("=")[0] for override in stored}
+        current = [override for override in self.run.overrides
+                   if override.partition("=")[0] not in _LATER_RUNNER_KEYS or override.partition("=")[0] in stored_keys]
+        if stored != [str(self.run.conf), *current]:
             raise ConfigError(
                 f"run {self.run.key}: {self.path} was made with another command (the preset, the arm's or the "
                 f"shared overrides, or the command line's changed); use another --out, or delete "

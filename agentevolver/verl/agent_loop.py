@@ -241,8 +241,11 @@ def to_agent_loop_output(result: EpisodeResult, tokenizer: Any, response_length:
         "episode_record": record,
         # verl turns these into validation metrics per data source: acc/mean@k (avg@k) and acc/best@k;
         # experience/mean@k is the share of validation episodes that ran with experience (Self-Navigating).
+        # task_id (a string: verl's metrics skip it) names the task in verl's per-sample validation dump
+        # (trainer.validation_data_dir), which the ablation report pairs task by task (agentevolver.experiments.records).
         "reward_extra_info": {"acc": result.reward.success_rate, "outcome": result.reward.outcome,
-                              "experience": float(result.metrics.get("exp/injected", 0.0))},
+                              "experience": float(result.metrics.get("exp/injected", 0.0)),
+                              "task_id": result.task_id},
     }
     return AgentLoopOutput(
         prompt_ids=prompt_ids,

@@ -110,6 +110,12 @@ class HFGenerator:
             arrive one or two at a time and each small prefill and merge costs nearly a full decode step
             (docs/benchmarks.md, issue 44). Off, a batch stays closed until its last row ends (the composition
             of every batch then depends only on arrival within ``batch_wait_s``).
+        batch_invariant_greedy: every greedy request (temperature 0: verl's validation) is decoded in a batch of
+            its own, its whole prompt prefilled (no shared-prefix or turn cache), so its tokens depend only on
+            the weights and the prompt, never on which requests happened to arrive with it. Batched, a row's
+            numbers move with the batch's shape (padding, rows; in bf16 by enough to flip an argmax), so the
+            same weights could pass a task in one validation and fail it in the next when only the timing
+            changed. Costs the batching of greedy requests (sampled ones batch as before); issue 43.
     """
 
     def __init__(
@@ -125,6 +131,7 @@ class HFGenerator:
         prefix_cache_entries: int = 4,
         turn_cache_mb: float = 1024,
         continuous_batching: bool = False,
+        batch_invariant_greedy: bool = False,
     ) -> None:
         if max_batch_size < 1:
             raise ValueError(f"max_batch_size must be >= 1; got {max_batch_size}")
@@ -152,6 +159,7 @@ class HFGenerator:
         self.batch_wait_s = batch_wait_s
         self.default_max_tokens = default_max_tokens
         self.continuous_batching = bool(continuous_batching)
+        self.batch_invariant_greedy = bool(batch_invariant_greedy)
         self.tokenizer: Any = None  # set by from_pretrained, for callers that want the matching tokenizer
         self._rng = torch.Generator(device=self.device)
         if seed is None:
@@ -376,6 +384,8 @@ class HFGenerator:
 
         Measured from arrival, so requests that queued up during the previous batch start at once.
         """
+        if self._alone(self._pending[0]):
+            return  # decoded on its own: no company to wait for
         deadline = self._pending[0].arrived + self.batch_wait_s
         while len(self._pending) < self.max_batch_size and not self._closed:
             remaining = deadline - loop.time()
@@ -387,22 +397,32 @@ class HFGenerator:
             except TimeoutError:
                 return
 
-    def _take_batch(self, limit: int | None = None) -> list[_Request]:
+    def _take_batch(self, limit: int | None = None, *, join: bool = False) -> list[_Request]:
         """Up to ``limit`` (default ``max_batch_size``) queued requests whose callers still wait.
 
         Called from the event loop to start a batch and from the worker thread to admit requests into a
-        running one; a deque's ``popleft``/``append`` are safe across the two threads.
+        running one (``join``); a deque's ``popleft``/``append`` are safe across the two threads. A request that
+        must be decoded alone (:meth:`_alone`) is taken only as a batch of its own, and never joins other rows.
         """
         limit = self.max_batch_size if limit is None else limit
         batch: list[_Request] = []
         while len(batch) < limit:
             try:
+                if (batch or join) and self._alone(self._pending[0]):
+                    break  # it starts the next batch, alone
                 request = self._pending.popleft()
             except IndexError:
                 break
             if not request.future.done():  # the caller may have been cancelled while queued
                 batch.append(request)
+                if self._alone(request):
+                    break
         return batch
+
+    def _alone(self, request: _Request) -> bool:
+        """Whether ``request`` is decoded in a batch of its own without cached keys/values
+        (``batch_invariant_greedy`` and a greedy request)."""
+        return self.batch_invariant_greedy and request.settings.greedy
 
     async def _run_stream(self, first: list[_Request], loop: asyncio.AbstractEventLoop) -> None:
         stop = self._stop_batch = threading.Event()
@@ -484,7 +504,8 @@ class HFGenerator:
                 joining = []
                 if self.continuous_batching and not stop.is_set():
                     room = self.max_batch_size - (len(running) if running is not None else 0)
-                    joining = self._take_batch(room) if room > 0 else []
+                    alone = running is not None and any(self._alone(row.request) for row in running.rows)
+                    joining = self._take_batch(room, join=running is not None) if room > 0 and not alone else []
                 # without continuous batching a batch ends when its rows do; the serving task starts the next
                 if running is None and not joining:
                     break
@@ -526,12 +547,13 @@ class HFGenerator:
         # A prefix shared by every row is prefilled once (or reused from earlier batches); rows are laid out
         # as [prefix | left padding | rest of the prompt], the mask hides the padding and the position ids
         # count real tokens, so each row computes what it would alone.
-        cached = self.prefix_cache.lookup([r.prompt_ids for r in batch], self.model)
+        alone = len(batch) == 1 and self._alone(batch[0])  # no cache: its numbers depend on its prompt only
+        cached = None if alone else self.prefix_cache.lookup([r.prompt_ids for r in batch], self.model)
         prefix_len, cache = cached if cached is not None else (0, new_cache(self.model.config))
         # A row continuing a conversation whose earlier turn ran here takes that turn's keys/values; the
         # batch lays rows out as [prefix | padding | taken part | padding | new tokens] (.turn_cache).
-        taken = [self.turn_cache.take(r.prompt_ids, prefix_len) for r in batch] if self.turn_cache.enabled \
-            else [None] * len(batch)
+        taken = [self.turn_cache.take(r.prompt_ids, prefix_len) for r in batch] \
+            if self.turn_cache.enabled and not alone else [None] * len(batch)
         # The new-token block is as wide as the row that needs most; a row with more kept than that uses only
         # what fills the block, so the batch is never wider than without the cache.
         width = max(len(r.prompt_ids) - prefix_len - (0 if e is None else e.cached_len)
@@ -595,7 +617,7 @@ class HFGenerator:
                 keep.append(slot)
                 continue
             ended.append(slot)
-            if output.stop_reason != "aborted" and self.turn_cache.enabled:
+            if output.stop_reason != "aborted" and self.turn_cache.enabled and not self._alone(request):
                 self._keep_turn(batch, slot)
         answers = [self._finished(batch.rows[slot]) for slot in ended]
         if len(keep) < len(batch):

@@ -1,6 +1,11 @@
 """Stage ``testing``: validation every ``trainer.test_freq`` steps and at the last step, on the weights the
 rollout servers now hold (:meth:`~agentevolver.verl.step.trainer.AgentEvolverTrainer.validations`: verl's
 validation, and a second pass with another experience mode where ``exp_manager.val_compare_mode`` asks).
+
+Per-task records come from verl's own per-sample dump, not from this stage: with ``trainer.validation_data_dir``
+set (every ablation run: :mod:`agentevolver.experiments.records`), each validation writes ``<dir>/<step>.jsonl``
+with every sample's ``task_id``, ``acc`` and ``score``, including the validations this stage does not run (before
+training, ``trainer.val_only``).
 """
 
 from __future__ import annotations

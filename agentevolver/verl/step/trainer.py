@@ -268,6 +268,8 @@ class AgentEvolverTrainer(RayPPOTrainer):
             if self.experience is not None:
                 self.experience.close(wait=finished)  # a failed or interrupted run does not wait on summaries
             self.adca.close()
+            if finished:  # verl writes the validation dump (trainer.validation_data_dir) in a thread: let it end
+                self._shutdown_dump_executor()
 
     def _train(self, tracking: Any) -> None:
         if self.staleness_bound is not None:

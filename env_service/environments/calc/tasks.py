@@ -3,7 +3,8 @@
 Every task is generated from a seeded stream, so the same code always yields the same tasks and ids
 (``<split>-<level>-<index>``, e.g. ``train-single-007``); nothing is stored on disk. Splits are disjoint
 by construction: each candidate problem is hashed (level + reference solution) into a bucket that decides
-its only possible split, so the same arithmetic can never appear in train and in test of a level. Each
+its only possible split, so the same arithmetic can never appear in train and in test of a level (``eval``, the
+200-task validation set, draws from val's bucket and skips val's own problems). Each
 (level, split) pair draws from its own stream, so changing one split's size leaves the others unchanged.
 
 Levels (the untrained SmolLM2-135M's success on each: ``docs/env_calc.md``):
@@ -31,7 +32,7 @@ from env_service.environments.calc.units import UNITS, convert
 from env_service.errors import UnknownTask
 
 LEVELS: tuple[str, ...] = ("single", "chain", "word", "distractor", "convert")
-#: Tasks per level in each split: train/val/test = 300/120/120. Training is weighted toward the levels the
+#: Tasks per level in each split: train/val/test/eval = 300/120/120/200. Training is weighted toward the levels the
 #: untrained model can do, so that the overall baseline lands in the useful 25-45% band while the hard levels
 #: keep a share (they are where training has room to improve). val and test hold 30 of each of word,
 #: distractor and convert, so that the hard-level benchmark (chain+word+distractor+convert: 102 tasks) can
@@ -41,8 +42,16 @@ SPLIT_SIZES: dict[str, dict[str, int]] = {
     "train": {"single": 90, "chain": 60, "word": 60, "distractor": 40, "convert": 50},
     "val": {"single": 18, "chain": 12, "word": 30, "distractor": 30, "convert": 30},
     "test": {"single": 18, "chain": 12, "word": 30, "distractor": 30, "convert": 30},
+    # A larger validation set for measurements that must see a few points (issue 43): 40 per level, 200 in all,
+    # every level equally weighted so per-level scores have the same precision. Drawn like val (never a train
+    # or test problem) and disjoint from val's own problems (:data:`_DRAWN_LIKE`).
+    "eval": {"single": 40, "chain": 40, "word": 40, "distractor": 40, "convert": 40},
 }
 SPLITS: tuple[str, ...] = tuple(SPLIT_SIZES)
+#: Splits drawn from another split's hash bucket: eval's problems come from val's bucket (so they are never in
+#: train or test), minus the problems val itself holds. The three original splits keep their own buckets and
+#: streams, so adding eval left every earlier id and task byte-identical.
+_DRAWN_LIKE: dict[str, str] = {"eval": "val"}
 #: Absolute tolerance of answers that are exact (integers and exact decimals).
 EXACT_TOLERANCE = 1e-6
 #: Relative tolerance of rounded unit conversions (a model using 1.6 km per mile still passes).
@@ -221,15 +230,19 @@ def _bucket_split(level: str, draft: _Draft) -> str:
     return "test" if bucket == 0 else "val" if bucket == 1 else "train"
 
 
-def _generate(level: str, split: str, count: int) -> list[CalcTask]:
+def _generate(level: str, split: str, count: int, taken: frozenset[str] = frozenset()) -> list[CalcTask]:
+    """``count`` distinct tasks of ``level`` for ``split``: its own seeded stream, kept to the problems whose hash
+    bucket is the split's (or, for a split in :data:`_DRAWN_LIKE`, that split's), skipping the problems in
+    ``taken`` (a sibling split's, as JSON of the reference solution)."""
     # str seeds are hashed with sha512 by random.seed, so the stream is stable across runs and platforms.
     rng = random.Random(f"calc|{level}|{split}")
+    bucket = _DRAWN_LIKE.get(split, split)
     tasks: list[CalcTask] = []
-    seen: set[str] = set()
+    seen: set[str] = set(taken)
     for _ in range(count * 200):
         draft = _GENERATORS[level](rng)
         key = json.dumps(draft.solution, sort_keys=True)
-        if key in seen or _bucket_split(level, draft) != split:
+        if key in seen or _bucket_split(level, draft) != bucket:
             continue
         seen.add(key)
         tasks.append(CalcTask(task_id=f"{split}-{level}-{len(tasks):03d}", split=split, level=level,
@@ -243,8 +256,14 @@ def _generate(level: str, split: str, count: int) -> list[CalcTask]:
 @cache
 def _all_tasks() -> dict[str, CalcTask]:
     """Every task of every split by id, generated once per process (a few milliseconds)."""
-    return {task.task_id: task for split, sizes in SPLIT_SIZES.items() for level in LEVELS
-            for task in _generate(level, split, sizes[level])}
+    tasks: dict[str, CalcTask] = {}
+    for split, sizes in SPLIT_SIZES.items():
+        for level in LEVELS:
+            sibling = _DRAWN_LIKE.get(split)
+            taken = frozenset(json.dumps(task.solution, sort_keys=True) for task in tasks.values()
+                              if task.split == sibling and task.level == level)
+            tasks.update((task.task_id, task) for task in _generate(level, split, sizes[level], taken))
+    return tasks
 
 
 def parse_split(split: str) -> tuple[str, tuple[str, ...]]:
