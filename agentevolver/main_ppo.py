@@ -92,10 +92,12 @@ def _resolve_compute_dtypes(cfg: DictConfig) -> None:
 
 
 def _resolve_worker_threads(cfg: DictConfig) -> None:
-    """``auto`` torch threads for the Ray workers (the CPU preset's) become the usable cores, before ray.init."""
+    """``auto`` torch threads for the Ray workers (the CPU preset's) become the usable cores, before ray.init;
+    half of them each in async training, where the rollout server and the update compute side by side."""
     from agentevolver.backends.cpu.threads import resolve_auto_threads
+    from agentevolver.verl.async_loop import async_settings
 
-    resolve_auto_threads(cfg)
+    resolve_auto_threads(cfg, side_by_side=1 if async_settings(cfg) is None else 2)
 
 
 def _resolve_allocator(cfg: DictConfig) -> None:

@@ -141,6 +141,18 @@ def test_worker_threads_auto_is_the_usable_cores_and_a_number_is_kept() -> None:
         threads.resolve_auto_threads(_cpu_config(f"{threads.THREADS_KEY}=all"))
 
 
+def test_worker_threads_auto_shares_the_cores_in_async_training() -> None:
+    """The rollout server and the update compute side by side there: half the cores each, at least one."""
+    assert threads.resolve_auto_threads(_cpu_config(), cores=6, side_by_side=2) == "3"
+    assert threads.resolve_auto_threads(_cpu_config(), cores=1, side_by_side=2) == "1"
+    assert threads.resolve_auto_threads(_cpu_config(f"{threads.THREADS_KEY}=4"), cores=6, side_by_side=2) == "4"
+    from agentevolver.main_ppo import _resolve_worker_threads
+
+    cfg = _cpu_config("trainer.mode=async")
+    _resolve_worker_threads(cfg)
+    assert OmegaConf.select(cfg, threads.THREADS_KEY) == str(max(1, threads.usable_cores() // 2))
+
+
 def test_the_ray_workers_get_every_usable_core() -> None:
     """Ray gives a worker whose actor names no num_cpus (verl's) OMP_NUM_THREADS=1 unless the run says
     otherwise: the prepared config's runtime env reaches the worker, read back from inside one."""

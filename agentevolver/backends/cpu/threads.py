@@ -7,6 +7,12 @@ one after another, not side by side, so each may use every core. :func:`resolve_
 ``auto`` into the number of cores this process may run on (``os.sched_getaffinity``) on the driver, before
 ``ray.init`` reads the runtime env; a number given there is kept. On a cluster whose nodes differ, give a
 number.
+
+Async training (``trainer.mode=async``) runs the rollout server and the actor update side by side, so there
+``auto`` gives each half the cores (at least one): with every core each, the two processes' threads fought
+over the cores and both ran more than twice as slow as alone (the quickstart with slow tools, 2-core AMD
+EPYC: rollout 24 -> 58 s, update 19 -> 44 s a step, 0.80x the synchronous loop's episodes per minute; with
+one thread each, 1.24x; docs/benchmarks.md, "Async training against sync").
 """
 
 from __future__ import annotations
@@ -37,19 +43,22 @@ def usable_cores() -> int:
         return os.cpu_count() or 1
 
 
-def resolve_auto_threads(cfg: DictConfig, cores: int | None = None) -> str | None:
-    """Replace ``auto`` at :data:`THREADS_KEY` by the usable cores (in place); return the value, else None.
+def resolve_auto_threads(cfg: DictConfig, cores: int | None = None, side_by_side: int = 1) -> str | None:
+    """Replace ``auto`` at :data:`THREADS_KEY` by the usable cores shared among ``side_by_side`` processes that
+    compute at the same time (in place; at least 1 each); return the value, else None.
 
     Any value is made a string, since Ray refuses a runtime env whose variables are not strings.
     """
     value = OmegaConf.select(cfg, THREADS_KEY, default=None)
     if value is None:
         return None
-    text = str(cores or usable_cores()) if str(value) == AUTO else str(value)
+    share = max(1, (cores or usable_cores()) // max(1, side_by_side))
+    text = str(share) if str(value) == AUTO else str(value)
     if not text.isdigit() or int(text) < 1:
         raise ConfigError(f"{THREADS_KEY}: must be auto or a whole number of threads >= 1; got {value!r}")
     with open_dict(cfg):
         OmegaConf.update(cfg, THREADS_KEY, text, merge=False)
     if str(value) == AUTO:
-        logger.info("Ray workers' torch threads auto -> %s (the cores this process may use)", text)
+        logger.info("Ray workers' torch threads auto -> %s (the cores this process may use%s)", text,
+                    f", shared by {side_by_side} processes computing side by side" if side_by_side > 1 else "")
     return text
