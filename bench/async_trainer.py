@@ -20,11 +20,8 @@ printed with it. ``--small`` runs tiny-test for 3 steps (a smoke run of the scri
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
-import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -34,7 +31,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from paired_runs import cpu_model, load, run_rounds  # noqa: E402
+from paired_runs import cpu_model, load, median_of, quickstart_command, ratio_table, run_logged, run_rounds  # noqa: E402
 
 from agentevolver.verl.tracking import read_metrics  # noqa: E402
 
@@ -45,43 +42,23 @@ def run_arm(arm: str, url: str, folder: Path, args: argparse.Namespace) -> dict[
     """One training run of ``arm``: its per-step times and what the async loop logged."""
     folder.mkdir(parents=True, exist_ok=True)
     run_dir = folder / arm
-    command = [
-        sys.executable, "-m", "agentevolver.main_ppo", "--config-name", "quickstart",
-        f"env_service.env_url={url}", f"+env_service.create_params.tool_delay_s={args.tool_delay}",
-        f"trainer.total_training_steps={args.steps}", "trainer.val_before_train=false", "trainer.test_freq=-1",
-        "trainer.save_freq=-1", f"trainer.default_local_dir={run_dir}", "trainer.logger=[jsonl]",
-        f"trainer.experiment_name=bench_{arm}", "+ray_kwargs.ray_init.include_dashboard=false", *ARMS[arm],
-        *(args.async_extra if arm == "async" else []),
-    ]
-    if args.small:
-        command += ["actor_rollout_ref.model.path=tiny-test", "agent_flow.max_tokens_per_turn=16"]
-    started = time.monotonic()
-    log = folder / f"{arm}.log"
-    with log.open("w") as out:
-        done = subprocess.run(command, cwd=folder, stdout=out, stderr=subprocess.STDOUT,
-                              env={**os.environ, "PYTHONPATH": str(ROOT)}, check=False)
-    if done.returncode != 0:
-        raise RuntimeError(f"{arm} run failed ({done.returncode}):\n{log.read_text()[-4000:]}")
+    command = quickstart_command("quickstart", url, run_dir, args.steps,
+                                 f"+env_service.create_params.tool_delay_s={args.tool_delay}", *ARMS[arm],
+                                 *(args.async_extra if arm == "async" else []), small=args.small)
+    wall_s, _ = run_logged(command, folder, arm)
     steps = read_metrics(run_dir / "metrics.jsonl")
     later = [s for s in sorted(steps) if s > 1]
     loop_s = sum(steps[s]["timing_s/step"] for s in later)
-    episodes = args.episodes_per_step * len(later)
-
-    def median(key: str) -> float:
-        values = [steps[s][key] for s in later if steps[s].get(key) is not None]
-        return statistics.median(values) if values else float("nan")
-
     return {
         "arm": arm,
-        "step_s": median("timing_s/step"),
-        "episodes_per_min": episodes / loop_s * 60,
-        "gen_s": median("timing_s/gen"),
-        "update_actor_s": median("timing_s/update_actor"),
-        "old_log_prob_s": median("timing_s/old_log_prob"),
-        "wait_rollout_s": median("async/wait_rollout_s"),
+        "step_s": median_of(steps, "timing_s/step", later),
+        "episodes_per_min": args.episodes_per_step * len(later) / loop_s * 60,
+        "gen_s": median_of(steps, "timing_s/gen", later),
+        "update_actor_s": median_of(steps, "timing_s/update_actor", later),
+        "wait_rollout_s": median_of(steps, "async/wait_rollout_s", later),
         "staleness_max": max((steps[s].get("async/staleness_max", 0.0) for s in steps), default=0.0),
         "score": statistics.mean(steps[s]["critic/score/mean"] for s in steps),
-        "wall_s": time.monotonic() - started,
+        "wall_s": wall_s,
         "per_step_s": {s: steps[s].get("timing_s/step") for s in sorted(steps)},
     }
 
@@ -91,22 +68,11 @@ ROWS = [
     ("episodes per minute", lambda r: r["episodes_per_min"]),
     ("rollout `gen` (s)", lambda r: r["gen_s"]),
     ("actor update (s)", lambda r: r["update_actor_s"]),
-    ("old log-probs (s)", lambda r: r["old_log_prob_s"]),
     ("trainer waited for the rollout (s)", lambda r: r["wait_rollout_s"]),
     ("staleness (max)", lambda r: r["staleness_max"]),
     ("mean score over the steps", lambda r: r["score"]),
     ("whole command (s)", lambda r: r["wall_s"]),
 ]
-
-
-def table(results: list[dict[str, Any]]) -> str:
-    lines = ["| | sync | async (staleness 1) | async / sync |", "|---|---|---|---|"]
-    for label, value in ROWS:
-        sync = statistics.median(value(r) for r in results if r["arm"] == "sync")
-        fast = statistics.median(value(r) for r in results if r["arm"] == "async")
-        ratio = f"{fast / sync:.2f}x" if sync and sync == sync and fast == fast else "-"
-        lines.append(f"| {label} | {sync:.2f} | {fast:.2f} | {ratio} |")
-    return "\n".join(lines)
 
 
 def main() -> None:
@@ -135,7 +101,7 @@ def main() -> None:
                          args.out, "async_bench_")
     print(f"load average after: {load()}")
     if {"sync", "async"} <= {result["arm"] for result in results}:
-        print(table(results))
+        print(ratio_table(results, ROWS, "sync", "async", ("sync", "async (staleness 1)")))
 
 
 if __name__ == "__main__":

@@ -29,12 +29,10 @@ memory far less. ``--small`` runs tiny-test for 3 steps (a smoke run of the scri
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
-import subprocess
 import sys
 import threading
-import time
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -46,7 +44,7 @@ sys.path.insert(0, str(ROOT))
 from agentevolver.verl.tracking import read_metrics  # noqa: E402
 
 sys.path.insert(0, str(ROOT / "bench"))
-from paired_runs import cpu_model, load, run_rounds  # noqa: E402
+from paired_runs import cpu_model, load, median_of, quickstart_command, ratio_table, run_logged, run_rounds  # noqa: E402
 
 ARMS = {"full": "quickstart", "lora": "quickstart_lora"}
 #: Process roles by the title Ray gives a worker process (``ray::<ActorClass>...``).
@@ -109,32 +107,13 @@ def run_arm(arm: str, url: str, folder: Path, args: argparse.Namespace) -> dict[
     """One training run of ``arm``: its peak memory, stage times and checkpoint size."""
     folder.mkdir(parents=True, exist_ok=True)
     run_dir = folder / arm
-    command = [
-        sys.executable, "-m", "agentevolver.main_ppo", "--config-name", ARMS[arm],
-        f"env_service.env_url={url}", f"trainer.total_training_steps={args.steps}",
-        "trainer.val_before_train=false", "trainer.test_freq=-1", f"trainer.save_freq={args.steps}",
-        f"trainer.default_local_dir={run_dir}", "trainer.logger=[jsonl]", f"trainer.experiment_name=bench_{arm}",
-        "+ray_kwargs.ray_init.include_dashboard=false",
-    ]
-    if args.small:
-        command += ["actor_rollout_ref.model.path=tiny-test", "agent_flow.max_steps=2",
-                    "agent_flow.max_tokens_per_turn=16"]
-    started = time.monotonic()
-    log = folder / f"{arm}.log"
-    with log.open("w") as out:
-        process = subprocess.Popen(command, cwd=folder, stdout=out, stderr=subprocess.STDOUT,
-                                   env={**os.environ, "PYTHONPATH": str(ROOT)})
-        with TreeMemory(process.pid) as memory:
-            process.wait()
-    if process.returncode != 0:
-        raise RuntimeError(f"{arm} run failed ({process.returncode}):\n{log.read_text()[-4000:]}")
+    command = quickstart_command(ARMS[arm], url, run_dir, args.steps, *(["agent_flow.max_steps=2"] if args.small else []),
+                                 save_freq=args.steps, small=args.small)
+    wall_s, memory = run_logged(command, folder, arm, watch=TreeMemory)
     steps = read_metrics(run_dir / "metrics.jsonl")
     later = [s for s in sorted(steps) if s > 1]
     plain = [s for s in later if s < args.steps] or later  # steps that neither warm up nor save
-
-    def median(key: str, which: list[int]) -> float:
-        values = [steps[s][key] for s in which if steps[s].get(key) is not None]
-        return statistics.median(values) if values else float("nan")
+    median = partial(median_of, steps)
 
     checkpoint = run_dir / f"global_step_{args.steps}" / "actor"
     return {
@@ -148,7 +127,7 @@ def run_arm(arm: str, url: str, folder: Path, args: argparse.Namespace) -> dict[
         "update_weights_s": median("timing_s/update_weights", later),
         "gen_s": median("timing_s/gen", later),
         "checkpoint_mib": sum(p.stat().st_size for p in checkpoint.rglob("*") if p.is_file()) / 2**20,
-        "wall_s": time.monotonic() - started,
+        "wall_s": wall_s,
         "response_tokens": median("response_length/mean", later),
         "per_step_s": {s: steps[s].get("timing_s/step") for s in sorted(steps)},
     }
@@ -171,15 +150,6 @@ ROWS = [
 ]
 
 
-def table(results: list[dict[str, Any]]) -> str:
-    lines = ["| | full fine-tuning | LoRA | LoRA / full |", "|---|---|---|---|"]
-    for label, value in ROWS:
-        full = statistics.median(value(r) for r in results if r["arm"] == "full")
-        lora = statistics.median(value(r) for r in results if r["arm"] == "lora")
-        lines.append(f"| {label} | {full:.2f} | {lora:.2f} | {lora / full:.2f}x |")
-    return "\n".join(lines)
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--steps", type=int, default=4, help="training steps per run (>= 3)")
@@ -196,7 +166,7 @@ def main() -> None:
                          lambda r: f"step {r['step_s']:.1f} s, training worker {r['peak_gib']['training worker']:.2f} GiB",
                          args.out, "lora_bench_")
     print(f"load average after: {load()}")
-    print(table(results))
+    print(ratio_table(results, ROWS, "full", "lora", ("full fine-tuning", "LoRA")))
 
 
 if __name__ == "__main__":

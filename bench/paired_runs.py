@@ -7,13 +7,16 @@ rounds so that a change of load does not always hit the same arm.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
 
@@ -79,3 +82,53 @@ def run_rounds(arms: list[str], rounds: int, run_arm: Callable[[str, str, Path],
             service.terminate()
             service.wait()
     return results
+
+
+def quickstart_command(config_name: str, url: str, run_dir: Path, steps: int, *extra: str,
+                       save_freq: int = -1, small: bool = False) -> list[str]:
+    """``python -m agentevolver.main_ppo`` on ``config_name`` for ``steps`` steps: validation off, metrics to
+    ``run_dir/metrics.jsonl``; ``small`` shrinks it to tiny-test (a smoke run of the bench)."""
+    command = [
+        sys.executable, "-m", "agentevolver.main_ppo", "--config-name", config_name, f"env_service.env_url={url}",
+        f"trainer.total_training_steps={steps}", "trainer.val_before_train=false", "trainer.test_freq=-1",
+        f"trainer.save_freq={save_freq}", f"trainer.default_local_dir={run_dir}", "trainer.logger=[jsonl]",
+        f"trainer.experiment_name=bench_{run_dir.name}", "+ray_kwargs.ray_init.include_dashboard=false", *extra,
+    ]
+    if small:
+        command += ["actor_rollout_ref.model.path=tiny-test", "agent_flow.max_tokens_per_turn=16"]
+    return command
+
+
+def run_logged(command: list[str], folder: Path, name: str,
+               watch: Callable[[int], AbstractContextManager[Any]] | None = None) -> tuple[float, Any]:
+    """Run ``command`` in ``folder`` with its output in ``<name>.log``, ``watch(pid)`` around it; returns the
+    seconds it took and what ``watch`` gave. A failed run raises with the end of its log."""
+    started = time.monotonic()
+    log = folder / f"{name}.log"
+    with log.open("w") as out:
+        process = subprocess.Popen(command, cwd=folder, stdout=out, stderr=subprocess.STDOUT,
+                                   env={**os.environ, "PYTHONPATH": str(ROOT)})
+        with (watch(process.pid) if watch else contextlib.nullcontext()) as watched:
+            process.wait()
+    if process.returncode != 0:
+        raise RuntimeError(f"{name} run failed ({process.returncode}):\n{log.read_text()[-4000:]}")
+    return time.monotonic() - started, watched
+
+
+def median_of(steps: dict[int, dict[str, float]], key: str, which: Sequence[int]) -> float:
+    """The median of ``key`` over the steps ``which`` that logged it (nan when none did)."""
+    values = [steps[s][key] for s in which if steps[s].get(key) is not None]
+    return statistics.median(values) if values else float("nan")
+
+
+def ratio_table(results: list[dict[str, Any]], rows: Sequence[tuple[str, Callable[[dict[str, Any]], float]]],
+                base: str, other: str, header: tuple[str, str]) -> str:
+    """A markdown table: each row's median over the rounds for the arms ``base`` and ``other``, and other / base
+    (``-`` where either is nan or base is 0)."""
+    lines = [f"| | {header[0]} | {header[1]} | {header[1]} / {header[0]} |", "|---|---|---|---|"]
+    for label, value in rows:
+        first = statistics.median(value(r) for r in results if r["arm"] == base)
+        second = statistics.median(value(r) for r in results if r["arm"] == other)
+        ratio = f"{second / first:.2f}x" if first and first == first and second == second else "-"
+        lines.append(f"| {label} | {first:.2f} | {second:.2f} | {ratio} |")
+    return "\n".join(lines)

@@ -324,10 +324,10 @@ class AgentEvolverTrainer(RayPPOTrainer):
 
         start_epoch = self.global_steps // max(len(self.train_dataloader), 1)
         progress = tqdm(total=self.total_training_steps, initial=self.global_steps, desc="Training Progress")
-        train_stages = tuple(stage for stage in STEP[len(ROLLOUT_STAGES):] if stage.name not in PAUSED_STAGES)
-        paused_stages = tuple(stage for stage in STEP if stage.name in PAUSED_STAGES)
-        last = tuple(stage for stage in STEP if stage.name == "metrics")
-        train_stages = tuple(stage for stage in train_stages if stage.name != "metrics")
+        after_rollout = STEP[len(ROLLOUT_STAGES):]
+        train_stages = tuple(stage for stage in after_rollout if stage.name not in (*PAUSED_STAGES, "metrics"))
+        paused_stages = tuple(stage for stage in after_rollout if stage.name in PAUSED_STAGES)
+        last = tuple(stage for stage in after_rollout if stage.name == "metrics")
         dataset_metrics = dict(getattr(self.train_dataset, "metrics", {}))
         ahead = RolloutAhead(
             self._task_batches(start_epoch),
