@@ -31,7 +31,8 @@ from typing import Any
 
 import torch
 
-from agentevolver.backends.cpu import decode_attention
+from agentevolver.backends.cpu import decode_attention, two_row_linear
+from agentevolver.backends.cpu.chunk_cache import ChunkCache
 from agentevolver.backends.cpu.prefix_cache import PrefixCache
 from agentevolver.backends.cpu.running_batch import Row, RunningBatch, merge
 from agentevolver.backends.cpu.sampling import (
@@ -90,6 +91,14 @@ class _Output:
     stop_reason: str | None = None
 
 
+class _NeverDone:
+    """A stand-in for a request's future that no caller waits on (the row-independence probe's rows)."""
+
+    @staticmethod
+    def done() -> bool:
+        return False
+
+
 class HFGenerator:
     """Serves ``generate`` calls from a causal LM by dynamic batching; see the module docstring.
 
@@ -110,12 +119,21 @@ class HFGenerator:
             arrive one or two at a time and each small prefill and merge costs nearly a full decode step
             (docs/benchmarks.md, issue 44). Off, a batch stays closed until its last row ends (the composition
             of every batch then depends only on arrival within ``batch_wait_s``).
-        batch_invariant_greedy: every greedy request (temperature 0: verl's validation) is decoded in a batch of
-            its own, its whole prompt prefilled (no shared-prefix or turn cache), so its tokens depend only on
-            the weights and the prompt, never on which requests happened to arrive with it. Batched, a row's
-            numbers move with the batch's shape (padding, rows; in bf16 by enough to flip an argmax), so the
-            same weights could pass a task in one validation and fail it in the next when only the timing
-            changed. Costs the batching of greedy requests (sampled ones batch as before); issue 43.
+        batch_invariant_greedy: a greedy request's (temperature 0: verl's validation) tokens depend only on the
+            weights and its prompt, never on which requests happened to arrive with it. Batched as usual, a
+            bf16 row's numbers move with the batch's shape (padding, shared prefix, turn cache; enough to flip
+            an argmax), so the same weights could pass a task in one validation and fail it in the next when
+            only the timing changed (issue 43). With this, every greedy request is prefilled alone, in chunks
+            at fixed positions whose keys/values any later prompt starting with the same tokens reuses (the
+            same bits either way, :mod:`.chunk_cache`), and then decodes in company: a decode step computes
+            each row the same bits at any batch size and any left padding when this machine's kernels allow
+            it, which a probe checks at start-up on the model itself (:meth:`probe_row_independence`,
+            ``rows_independent``; one-row products run as two, :mod:`.two_row_linear`, and attention runs
+            row by row over exactly each row's columns, :func:`.decode_attention.exact_rows`). Where the
+            probe fails (fp32 products pick other kernels by row count), each greedy request decodes in a batch
+            of its own instead: the same guarantee, slower.
+        chunk_cache_mb: MiB of greedy prompts' chunk keys/values kept for reuse (``batch_invariant_greedy``;
+            :mod:`.chunk_cache`); 0 turns it off (every greedy prompt is prefilled whole, chunk by chunk).
     """
 
     def __init__(
@@ -132,9 +150,12 @@ class HFGenerator:
         turn_cache_mb: float = 1024,
         continuous_batching: bool = False,
         batch_invariant_greedy: bool = False,
+        chunk_cache_mb: float = 512,
     ) -> None:
         if max_batch_size < 1:
             raise ValueError(f"max_batch_size must be >= 1; got {max_batch_size}")
+        if chunk_cache_mb < 0:
+            raise ValueError(f"chunk_cache_mb must be >= 0 (0 turns the chunk cache off); got {chunk_cache_mb}")
         if turn_cache_mb < 0:
             raise ValueError(f"turn_cache_mb must be >= 0 (0 turns the turn cache off); got {turn_cache_mb}")
         if batch_wait_s < 0:
@@ -175,6 +196,10 @@ class HFGenerator:
         self._closed = False
         self.prefix_cache = PrefixCache(max_entries=prefix_cache_entries)
         self.turn_cache = TurnCache(max_bytes=int(turn_cache_mb * 2**20))
+        self.chunk_cache = ChunkCache(max_bytes=int(chunk_cache_mb * 2**20))
+        #: with batch_invariant_greedy: whether a decode step's rows are independent of their company here
+        #: (greedy requests then decode batched), else None; see probe_row_independence
+        self.rows_independent: bool | None = None
         self.stats: dict[str, float] = {
             "requests": 0,  # generate calls accepted
             "streams": 0,  # times the worker thread started decoding (it runs while rows are live)
@@ -192,6 +217,18 @@ class HFGenerator:
             "weight_loads": 0,
             "model_seconds": 0.0,  # worker-thread time in prefills and decode steps (added as each step ends)
         }
+        if self.batch_invariant_greedy:
+            two_row_linear.install(model)  # a one-row product takes another kernel (.two_row_linear)
+            if self.decode_attention:
+                decode_attention.exact_rows(model)  # a row's attention ignores its company's padding
+            self.rows_independent = self.probe_row_independence()
+            if self.rows_independent:
+                logger.info("HFGenerator: decode steps compute each row alike in any company here: greedy "
+                            "requests prefill alone and decode batched (batch_invariant_greedy)")
+            else:
+                logger.warning("HFGenerator: decode steps here change a row's numbers with its company (%s): "
+                               "each greedy request decodes in a batch of its own (batch_invariant_greedy; "
+                               "slower)", next(model.parameters()).dtype)
 
     @classmethod
     def from_pretrained(cls, path: str, *, dtype: str = "float32", **kwargs: Any) -> HFGenerator:
@@ -261,6 +298,48 @@ class HFGenerator:
         wakeup.set()
         return await future
 
+    def probe_row_independence(self, *, steps: int = 3) -> bool:
+        """Whether a greedy row decodes to the same bits alone and amid other rows, with this model here.
+
+        Why a probe and not a rule: it is a property of the kernels torch picks on this CPU for this dtype.
+        On a 2-core AMD EPYC in bf16 a matrix product gives a row the same bits for any row count and a
+        decode step's attention the same bits for any left padding, while fp32 matrix products switch
+        kernels by row count (1, 2-4, 5-7, ...) and change the last bits. So the real path runs on the model
+        itself: a row prefilled alone is decoded ``steps`` steps alone, then beside rows of other lengths
+        (merged with left padding, as continuous batching merges) in two batch sizes; every step's logits
+        must be equal bit for bit, and so must the sampler's log-probs. Random prompts up to ~600 tokens; under a second for a 135M model.
+        """
+        rng = torch.Generator().manual_seed(0)
+        settings = SamplingSettings(max_tokens=steps + 1, temperature=0.0, ignore_eos=True, logprobs=True)
+        lengths = (45, 300, 17, 610, 128)
+        prompts = [torch.randint(0, self.vocab_size, (n,), generator=rng).tolist() for n in lengths]
+        saved = dict(self.stats)
+
+        def trace(companions: Sequence[int]) -> list[torch.Tensor]:
+            """The logits row 0 (prompt 0) sees before each token, decoded beside ``companions``."""
+            batch: RunningBatch | None = None
+            for index in (*companions[:1], 0, *companions[1:]):
+                request = _Request(f"probe-{index}", prompts[index], settings, _NeverDone(), 0.0)  # type: ignore[arg-type]
+                fresh = self._prefill([request], isolated=True)
+                batch = fresh if batch is None else merge(batch, fresh, self.model.config)
+            assert batch is not None
+            slot = next(i for i, row in enumerate(batch.rows) if row.request.request_id == "probe-0")
+            row = batch.rows[slot]
+            seen = [batch.logits[slot].clone()]
+            for _ in range(steps):
+                self._step(batch, threading.Event())
+                seen.append(batch.logits[slot].clone())
+            return [*seen, torch.tensor(row.output.log_probs)]  # the sampler's log-probs too
+
+        try:
+            with self._model_lock, torch.inference_mode():
+                alone = trace(())
+                company = [trace((1,)), trace((3, 1, 2, 4))]
+        finally:
+            self.stats.update(saved)
+            self.chunk_cache.clear()  # the probe's random prompts
+        return all(torch.equal(a, b) for other in company for a, b in zip(alone, other, strict=True))
+
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> int:
         """Copy ``(name, tensor)`` pairs into the model's parameters in place; return how many were copied.
 
@@ -289,6 +368,7 @@ class HFGenerator:
                 param.copy_(tensor.to(device=param.device, dtype=param.dtype))
             self.prefix_cache.clear()  # cached keys/values belong to the old weights
             self.turn_cache.clear()
+            self.chunk_cache.clear()
         self.stats["weight_loads"] += 1
         return len(staged)
 
@@ -419,10 +499,15 @@ class HFGenerator:
                     break
         return batch
 
-    def _alone(self, request: _Request) -> bool:
-        """Whether ``request`` is decoded in a batch of its own without cached keys/values
+    def _isolated(self, request: _Request) -> bool:
+        """Whether ``request`` is prefilled alone with its whole prompt, no cached keys/values used or kept
         (``batch_invariant_greedy`` and a greedy request)."""
         return self.batch_invariant_greedy and request.settings.greedy
+
+    def _alone(self, request: _Request) -> bool:
+        """Whether ``request`` is also decoded in a batch of its own: isolated, on a machine whose decode steps
+        do not compute a row alike in any company (``rows_independent``)."""
+        return self._isolated(request) and not self.rows_independent
 
     async def _run_stream(self, first: list[_Request], loop: asyncio.AbstractEventLoop) -> None:
         stop = self._stop_batch = threading.Event()
@@ -475,13 +560,8 @@ class HFGenerator:
                 # counted step by step, so a caller answered mid-stream already sees the time spent for it
                 started = time.perf_counter()
                 if joining:
-                    try:
-                        fresh = self._prefill(joining)
-                    except Exception as exc:  # the running rows' state is untouched: they go on
-                        self._fail(loop, joining, exc)
-                        fresh = None
+                    fresh = self._prefill_groups(joining, loop, joined=running is not None)
                     if fresh is not None:
-                        self._count_rows(len(fresh), joined=running is not None)
                         running = fresh if running is None else merge(running, fresh, self.model.config)
                         self.stats["max_rows"] = max(self.stats["max_rows"], len(running))
                 if running is None:
@@ -512,6 +592,23 @@ class HFGenerator:
         for request, output in held:
             self._answer(loop, request, output)
 
+    def _prefill_groups(self, requests: list[_Request], loop: asyncio.AbstractEventLoop, *,
+                        joined: bool) -> RunningBatch | None:
+        """Prefill ``requests``: isolated ones (:meth:`_isolated`) one by one, the rest together; one batch
+        of every row whose prefill worked (a failed group's callers get the error; the others go on)."""
+        shared = [r for r in requests if not self._isolated(r)]
+        groups = ([shared] if shared else []) + [[r] for r in requests if self._isolated(r)]
+        batch: RunningBatch | None = None
+        for group in groups:
+            try:
+                fresh = self._prefill(group, isolated=self._isolated(group[0]))
+            except Exception as exc:  # the running rows' state is untouched: they go on
+                self._fail(loop, group, exc)
+                continue
+            self._count_rows(len(fresh), joined=joined)
+            batch = fresh if batch is None else merge(batch, fresh, self.model.config)
+        return batch
+
     def _count_rows(self, rows: int, *, joined: bool) -> None:
         self.stats["batches"] += 1
         self.stats["rows"] += rows
@@ -535,8 +632,10 @@ class HFGenerator:
                   for layer in batch.cache.layers]
         self.turn_cache.store(token_ids, row.prefix_len, layers)
 
-    def _prefill(self, batch: list[_Request]) -> RunningBatch:
+    def _prefill(self, batch: list[_Request], *, isolated: bool = False) -> RunningBatch:
         """Prefill the left-padded prompts of ``batch``: the rows, their keys/values and next-token logits.
+
+        ``isolated``: one request, its whole prompt, no cached keys/values (batch_invariant_greedy).
 
         Position ids count real tokens only (padding gets 0 and is masked), so a row's numbers do not
         depend on how much padding its batch-mates forced on it: greedy output is batch-invariant up to
@@ -544,16 +643,17 @@ class HFGenerator:
         """
         from agentevolver.backends.cpu.kv_cache import new_cache  # imports transformers
 
+        if isolated and len(batch) == 1:
+            return self._prefill_chunked(batch[0])
         # A prefix shared by every row is prefilled once (or reused from earlier batches); rows are laid out
         # as [prefix | left padding | rest of the prompt], the mask hides the padding and the position ids
         # count real tokens, so each row computes what it would alone.
-        alone = len(batch) == 1 and self._alone(batch[0])  # no cache: its numbers depend on its prompt only
-        cached = None if alone else self.prefix_cache.lookup([r.prompt_ids for r in batch], self.model)
+        cached = self.prefix_cache.lookup([r.prompt_ids for r in batch], self.model)
         prefix_len, cache = cached if cached is not None else (0, new_cache(self.model.config))
         # A row continuing a conversation whose earlier turn ran here takes that turn's keys/values; the
         # batch lays rows out as [prefix | padding | taken part | padding | new tokens] (.turn_cache).
         taken = [self.turn_cache.take(r.prompt_ids, prefix_len) for r in batch] \
-            if self.turn_cache.enabled and not alone else [None] * len(batch)
+            if self.turn_cache.enabled else [None] * len(batch)
         # The new-token block is as wide as the row that needs most; a row with more kept than that uses only
         # what fills the block, so the batch is never wider than without the cache.
         width = max(len(r.prompt_ids) - prefix_len - (0 if e is None else e.cached_len)
@@ -587,6 +687,46 @@ class HFGenerator:
         rows = [Row(request, self._new_output(request.settings), prefix_len) for request in batch]
         return RunningBatch(rows, cache, mask, positions[:, -1:], logits, sampler)
 
+    def _prefill_chunked(self, request: _Request) -> RunningBatch:
+        """Prefill one prompt alone, in chunks at fixed positions (:mod:`.chunk_cache`): whole chunks another
+        prompt computed are reused, the others computed and kept. Its numbers depend on the prompt only."""
+        from agentevolver.backends.cpu.kv_cache import new_cache  # imports transformers
+
+        prompt, size = request.prompt_ids, self.chunk_cache.chunk_tokens
+        cache = new_cache(self.model.config)
+        waiting: list[Any] = []  # reused chunks not yet in ``cache`` (appended together: one copy)
+        logits: torch.Tensor | None = None
+        for start in range(0, len(prompt), size):
+            end = min(start + size, len(prompt))
+            entry = self.chunk_cache.get(prompt[:end]) if end < len(prompt) else None  # the last is computed
+            if entry is not None:
+                waiting.append(entry)
+                self.stats["prefix_cached_tokens"] += end - start
+                continue
+            if waiting:
+                for index, parts in enumerate(zip(*waiting, strict=True)):
+                    cache.update(torch.cat([k for k, _ in parts], dim=1)[None],
+                                 torch.cat([v for _, v in parts], dim=1)[None], index)
+                waiting = []
+            logits = self.model(
+                input_ids=torch.tensor([prompt[start:end]], dtype=torch.long, device=self.device),
+                attention_mask=torch.ones((1, end), dtype=torch.long, device=self.device),
+                position_ids=torch.arange(start, end, device=self.device)[None],
+                past_key_values=cache, use_cache=True, logits_to_keep=1,
+            ).logits[:, -1, :]
+            if end - start == size and self.chunk_cache.max_bytes:
+                self.chunk_cache.store(prompt[:end], [(layer.keys[0, :, start:end].clone(),
+                                                       layer.values[0, :, start:end].clone())
+                                                      for layer in cache.layers])
+        assert logits is not None  # the chunk holding the last token is always computed
+        self.stats["prompt_tokens"] += len(prompt)
+        sampler = RowSampler([request.settings], [prompt], vocab_size=self.vocab_size, shared_rng=self._rng,
+                             device=self.device, constraints=[request.constraint])
+        mask = torch.ones((1, len(prompt)), dtype=torch.long, device=self.device)
+        positions = torch.tensor([[len(prompt) - 1]], dtype=torch.long, device=self.device)
+        return RunningBatch([Row(request, self._new_output(request.settings), 0)], cache, mask, positions, logits,
+                            sampler)
+
     def _new_output(self, settings: SamplingSettings) -> _Output:
         stops = settings.stop_token_ids if settings.ignore_eos else (*self.eos_token_ids, *settings.stop_token_ids)
         return _Output(frozenset(stops))
@@ -617,7 +757,7 @@ class HFGenerator:
                 keep.append(slot)
                 continue
             ended.append(slot)
-            if output.stop_reason != "aborted" and self.turn_cache.enabled and not self._alone(request):
+            if output.stop_reason != "aborted" and self.turn_cache.enabled and not self._isolated(request):
                 self._keep_turn(batch, slot)
         answers = [self._finished(batch.rows[slot]) for slot in ended]
         if len(keep) < len(batch):

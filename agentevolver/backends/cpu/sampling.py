@@ -306,7 +306,9 @@ class RowSampler:
             return tokens, None
         scaled = raw / self._temperature[:, None]
         chosen = scaled.gather(1, tokens[:, None]).squeeze(1)
-        return tokens, chosen - torch.logsumexp(scaled, dim=-1)
+        # one row at a time: over a batch, torch splits a lone row's reduction across threads but not a
+        # batch's rows, so a batched logsumexp gives a row other last bits in other company
+        return tokens, chosen - torch.stack([torch.logsumexp(row, dim=-1) for row in scaled])
 
     def _sample(self, scaled: torch.Tensor) -> torch.Tensor:
         if self._any_filter:
