@@ -13,8 +13,8 @@ cache tensor is copied, and each product is one batched GEMM of the right shape.
 cache (:mod:`.kv_cache`) hands a decode step its whole buffers, spare columns included (contiguous: a bf16
 GEMM copies a strided view first); the mask, padded here, hides the spare columns. Prefill (more than one
 query token), training and anything with dropout go to transformers' own SDPA function unchanged.
-:func:`exact_rows` switches a model's decode steps to one row at a time over exactly its columns, for the
-generator's ``batch_invariant_greedy``.
+:func:`exact_rows` makes a model's decode steps give each row the same bits in any company (the
+``probs @ v`` over a window per row), for the generator's ``batch_invariant_greedy``.
 
 :func:`install` registers the function (and SDPA's mask builder) under :data:`NAME` with transformers'
 attention interfaces, and switches a loaded model to it; bench/precision.py measures the decode step.
@@ -170,9 +170,9 @@ def install(model: Any) -> bool:
 
 
 def exact_rows(model: Any) -> int:
-    """Make every attention module of ``model`` run decode steps one row at a time over exactly the row's
-    columns (:func:`_rows_exactly`): a row's numbers then do not depend on its company's padding. A few
-    milliseconds a decode step for the Python loop over rows. Returns how many modules were switched."""
+    """Make every attention module of ``model`` compute a decode step's ``probs @ v`` over windows that depend
+    on each row alone (:func:`_rows_exactly`): a row's numbers then do not depend on its company's padding.
+    Rows with the same window share one product. Returns how many modules were switched."""
     switched = 0
     for module in model.modules():
         if hasattr(module, "layer_idx") and hasattr(module, "o_proj"):

@@ -128,8 +128,8 @@ class HFGenerator:
             same bits either way, :mod:`.chunk_cache`), and then decodes in company: a decode step computes
             each row the same bits at any batch size and any left padding when this machine's kernels allow
             it, which a probe checks at start-up on the model itself (:meth:`probe_row_independence`,
-            ``rows_independent``; one-row products run as two, :mod:`.two_row_linear`, and attention runs
-            row by row over exactly each row's columns, :func:`.decode_attention.exact_rows`). Where the
+            ``rows_independent``; one-row products run as two, :mod:`.two_row_linear`, and attention's
+            ``probs @ v`` over a window that depends on the row alone, :func:`.decode_attention.exact_rows`). Where the
             probe fails (fp32 products pick other kernels by row count), each greedy request decodes in a batch
             of its own instead: the same guarantee, slower.
         chunk_cache_mb: MiB of greedy prompts' chunk keys/values kept for reuse (``batch_invariant_greedy``;
