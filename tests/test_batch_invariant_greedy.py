@@ -5,7 +5,8 @@ prompt only. These tests hold each piece of how it keeps that promise while batc
 tiny-test model:
 
 * one-row products are computed as two (:mod:`agentevolver.backends.cpu.two_row_linear`);
-* decode attention runs row by row over exactly each row's columns, whatever its company's padding;
+* the decode attention's ``probs @ v`` runs over a window that depends on the row alone, whatever its
+  company's padding;
 * prompts are prefilled in chunks at fixed positions, and a reused chunk gives the bits a fresh one gives
   (:mod:`agentevolver.backends.cpu.chunk_cache`);
 * the start-up probe, and the generator as a whole: long greedy prompts sharing an opening, arriving
