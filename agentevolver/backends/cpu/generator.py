@@ -34,7 +34,7 @@ import torch
 from agentevolver.backends.cpu import decode_attention, two_row_linear
 from agentevolver.backends.cpu.chunk_cache import ChunkCache
 from agentevolver.backends.cpu.prefix_cache import PrefixCache
-from agentevolver.backends.cpu.running_batch import Row, RunningBatch, merge
+from agentevolver.backends.cpu.running_batch import Row, RunningBatch, merge_all
 from agentevolver.backends.cpu.sampling import (
     RowSampler,
     SamplingSettings,
@@ -317,12 +317,9 @@ class HFGenerator:
 
         def trace(companions: Sequence[int]) -> list[torch.Tensor]:
             """The logits row 0 (prompt 0) sees before each token, decoded beside ``companions``."""
-            batch: RunningBatch | None = None
-            for index in (*companions[:1], 0, *companions[1:]):
-                request = _Request(f"probe-{index}", prompts[index], settings, _NeverDone(), 0.0)  # type: ignore[arg-type]
-                fresh = self._prefill([request], isolated=True)
-                batch = fresh if batch is None else merge(batch, fresh, self.model.config)
-            assert batch is not None
+            batch = merge_all([self._prefill([_Request(f"probe-{index}", prompts[index], settings, _NeverDone(),  # type: ignore[arg-type]
+                                                                0.0)], isolated=True)
+                               for index in (*companions[:1], 0, *companions[1:])], self.model.config)
             slot = next(i for i, row in enumerate(batch.rows) if row.request.request_id == "probe-0")
             row = batch.rows[slot]
             seen = [batch.logits[slot].clone()]
@@ -561,8 +558,9 @@ class HFGenerator:
                 started = time.perf_counter()
                 if joining:
                     fresh = self._prefill_groups(joining, loop, joined=running is not None)
-                    if fresh is not None:
-                        running = fresh if running is None else merge(running, fresh, self.model.config)
+                    if fresh:  # one merge for the running rows and every prefilled group: one copy each
+                        running = merge_all([*([running] if running is not None else []), *fresh],
+                                            self.model.config)
                         self.stats["max_rows"] = max(self.stats["max_rows"], len(running))
                 if running is None:
                     self.stats["model_seconds"] += time.perf_counter() - started
@@ -593,21 +591,20 @@ class HFGenerator:
             self._answer(loop, request, output)
 
     def _prefill_groups(self, requests: list[_Request], loop: asyncio.AbstractEventLoop, *,
-                        joined: bool) -> RunningBatch | None:
-        """Prefill ``requests``: isolated ones (:meth:`_isolated`) one by one, the rest together; one batch
-        of every row whose prefill worked (a failed group's callers get the error; the others go on)."""
+                        joined: bool) -> list[RunningBatch]:
+        """Prefill ``requests``: isolated ones (:meth:`_isolated`) one by one, the rest together; the batches
+        whose prefill worked (a failed group's callers get the error; the others go on)."""
         shared = [r for r in requests if not self._isolated(r)]
         groups = ([shared] if shared else []) + [[r] for r in requests if self._isolated(r)]
-        batch: RunningBatch | None = None
+        prefilled: list[RunningBatch] = []
         for group in groups:
             try:
-                fresh = self._prefill(group, isolated=self._isolated(group[0]))
+                prefilled.append(self._prefill(group, isolated=self._isolated(group[0])))
             except Exception as exc:  # the running rows' state is untouched: they go on
                 self._fail(loop, group, exc)
                 continue
-            self._count_rows(len(fresh), joined=joined)
-            batch = fresh if batch is None else merge(batch, fresh, self.model.config)
-        return batch
+            self._count_rows(len(group), joined=joined)
+        return prefilled
 
     def _count_rows(self, rows: int, *, joined: bool) -> None:
         self.stats["batches"] += 1

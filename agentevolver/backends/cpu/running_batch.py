@@ -13,6 +13,7 @@ the caches and the request queue.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -20,7 +21,7 @@ import torch
 
 from agentevolver.backends.cpu.sampling import RowSampler
 
-__all__ = ["Row", "RunningBatch", "merge"]
+__all__ = ["Row", "RunningBatch", "merge", "merge_all"]
 
 
 @dataclass(slots=True)
@@ -93,27 +94,38 @@ def _left_pad(tensor: torch.Tensor, width: int, dim: int) -> torch.Tensor:
 
 
 def merge(running: RunningBatch, joining: RunningBatch, model_config: Any) -> RunningBatch:
-    """One batch holding ``running``'s rows, then ``joining``'s; both must be ready to sample.
+    """One batch holding ``running``'s rows, then ``joining``'s; both must be ready to sample (:func:`merge_all`)."""
+    return merge_all([running, joining], model_config)
 
-    The narrower batch is left-padded (masked columns) to the wider one's width; each row's real columns,
-    positions and sampler state are unchanged, so each row goes on computing what it computed alone.
+
+def merge_all(batches: Sequence[RunningBatch], model_config: Any) -> RunningBatch:
+    """One batch holding every row of ``batches``, in order; each must be ready to sample.
+
+    Narrower batches are left-padded (masked columns) to the widest one's width; each row's real columns,
+    positions and sampler state are unchanged, so each row goes on computing what it computed alone. All at
+    once, so that rows prefilled one by one (batch_invariant_greedy) are copied into the batch once, not once
+    per row that follows them.
     """
     from agentevolver.backends.cpu.kv_cache import new_cache  # imports transformers
 
-    running.trim()
-    joining.trim()
-    width = max(running.width, joining.width)
+    if len(batches) == 1:
+        return batches[0]
+    for batch in batches:
+        batch.trim()
+    width = max(batch.width for batch in batches)
     cache = new_cache(model_config)
-    for index, (mine, theirs) in enumerate(zip(running.cache.layers, joining.cache.layers, strict=True)):
-        keys = torch.cat([_left_pad(mine.keys, width, 2), _left_pad(theirs.keys, width, 2)])
-        values = torch.cat([_left_pad(mine.values, width, 2), _left_pad(theirs.values, width, 2)])
+    for index, layers in enumerate(zip(*(batch.cache.layers for batch in batches), strict=True)):
+        keys = torch.cat([_left_pad(layer.keys, width, 2) for layer in layers])
+        values = torch.cat([_left_pad(layer.values, width, 2) for layer in layers])
         cache.update(keys, values, index)
-    running.sampler.extend(joining.sampler)
+    first = batches[0]
+    for batch in batches[1:]:
+        first.sampler.extend(batch.sampler)
     return RunningBatch(
-        rows=[*running.rows, *joining.rows],
+        rows=[row for batch in batches for row in batch.rows],
         cache=cache,
-        mask=torch.cat([_left_pad(running.mask, width, 1), _left_pad(joining.mask, width, 1)]),
-        positions=torch.cat([running.positions, joining.positions]),
-        logits=torch.cat([running.logits, joining.logits.to(running.logits.dtype)]),
-        sampler=running.sampler,
+        mask=torch.cat([_left_pad(batch.mask, width, 1) for batch in batches]),
+        positions=torch.cat([batch.positions for batch in batches]),
+        logits=torch.cat([batch.logits.to(first.logits.dtype) for batch in batches]),
+        sampler=first.sampler,
     )
