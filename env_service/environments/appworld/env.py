@@ -4,7 +4,8 @@ reset opens ``AppWorld(task_id=..., experiment_name=...)`` in a fresh worker and
 the task (instruction + supervisor); step runs the assistant's fenced Python via ``world.execute``; the
 episode ends when the agent calls ``apis.supervisor.complete_task`` (``world.task_completed()``) or
 AppWorld's interaction limit is reached; evaluate is ``world.evaluate()``; close is ``world.close()``
-and ends the worker. Why a worker and how to deploy: ``docs/env_appworld.md``.
+and ends the worker. Split ``explore`` lists one exploration seed per app (:mod:`.seeds`): not tasks, played in
+a fixed train world and scored 0. Why a worker and how to deploy: ``docs/env_appworld.md``.
 """
 
 from __future__ import annotations
@@ -20,6 +21,8 @@ from env_service.base import BaseEnv, Isolation, StepOutcome
 from env_service.environments.appworld import prompts
 from env_service.environments.appworld.appworld_api import AppWorldNotInstalled, setup
 from env_service.environments.appworld.client import WorkerClient, WorkerError
+from env_service.environments.appworld.seeds import NOT_A_TASK, seed_query, seed_task_ids
+from env_service.environments.exploration_seeds import EXPLORE_SPLIT, is_seed
 from env_service.errors import BadAction, InstanceFailed, UnknownTask
 from env_service.registry import register_env
 
@@ -55,22 +58,39 @@ class AppWorldEnv(BaseEnv):
 
     @classmethod
     def splits(cls) -> list[str]:
-        """train / val (AppWorld's dev) / test (test_normal) / test_challenge; needs no AppWorld."""
+        """train / val (AppWorld's dev) / test (test_normal) / test_challenge; needs no AppWorld. The seed split
+        ``explore`` holds no task (check_split accepts it)."""
         return list(SPLIT_TO_DATASET)
 
     @classmethod
+    def check_split(cls, split: str) -> None:
+        if split != EXPLORE_SPLIT:
+            super().check_split(split)
+
+    @classmethod
     def task_ids(cls, split: str) -> list[str]:
-        """AppWorld's own ids of the split's dataset; :class:`AppWorldNotInstalled` without AppWorld/data."""
+        """AppWorld's own ids of the split's dataset (:class:`AppWorldNotInstalled` without AppWorld/data), or the
+        exploration seeds (no AppWorld needed)."""
         cls.check_split(split)
+        if split == EXPLORE_SPLIT:
+            return seed_task_ids()
         return list(_dataset_task_ids(setup().python, SPLIT_TO_DATASET[split]))
 
     def __init__(self, task_id: str, instance_id: str, params: dict[str, Any]) -> None:
-        """Check the task exists in the downloaded data; AppWorld itself starts in :meth:`reset`."""
+        """Check the task exists in the downloaded data; AppWorld itself starts in :meth:`reset`.
+
+        An exploration seed plays in the world of the first ``train`` task, its question in place of the instruction.
+        """
         super().__init__(task_id, instance_id, params)
         self._worker: WorkerClient | None = None
+        #: The seed's question, or None for an AppWorld task.
+        self._seed_query: str | None = seed_query(task_id) if is_seed(task_id) else None
         self._setup = setup()
-        if not self._setup.has_task(task_id):
-            raise UnknownTask(f"appworld has no task {task_id!r} in {self._setup.data / 'tasks'}", field="task_id")
+        #: The AppWorld task whose world this episode opens (a seed's is the first train task's).
+        self._world_id = task_id if self._seed_query is None else self._seed_world()
+        if not self._setup.has_task(self._world_id):
+            raise UnknownTask(f"appworld has no task {self._world_id!r} in {self._setup.data / 'tasks'}",
+                              field="task_id")
         unknown = sorted(set(params) - {"split", "experiment_name", "keep_outputs", *CLIENT_OPTIONS})
         if unknown:
             log.info("appworld %s: ignoring params %s", instance_id, ", ".join(unknown))
@@ -88,8 +108,10 @@ class AppWorldEnv(BaseEnv):
         """Start a worker, open the AppWorld task; the protocol (system) and the task (user)."""
         self._stop_worker()
         self._worker = WorkerClient.start(self._setup.python)
-        self._task = self._call("open", OPEN_TIMEOUT_S, task_id=self.task_id, experiment_name=self._experiment_name,
+        self._task = self._call("open", OPEN_TIMEOUT_S, task_id=self._world_id, experiment_name=self._experiment_name,
                                 kwargs=self._options)
+        if self._seed_query is not None:
+            self._task["instruction"] = self._seed_query
         self._done = False
         self._steps = 0
         self._interactions = 0
@@ -120,12 +142,17 @@ class AppWorldEnv(BaseEnv):
         if self._done:
             reward = self.evaluate(sparse=True)
             info["success"] = reward == 1.0
+            if self._seed_query is not None:
+                info["note"] = NOT_A_TASK
         return StepOutcome(state=state, reward=reward, is_terminated=self._done, info=info)
 
     def evaluate(self, sparse: bool) -> float:
-        """``world.evaluate()``: sparse = 1.0 iff every test passes; dense = passed / total tests."""
+        """``world.evaluate()``: sparse = 1.0 iff every test passes; dense = passed / total tests. An exploration
+        seed scores 0 (its world's tests are another task's)."""
         if self._worker is None:
             raise BadAction("reset must be called before evaluate", field="instance_id")
+        if self._seed_query is not None:
+            return 0.0
         report = self._call("evaluate", CALL_TIMEOUT_S)
         if sparse:
             return 1.0 if report["success"] else 0.0
@@ -139,7 +166,8 @@ class AppWorldEnv(BaseEnv):
                 "apps": sorted(self._task.get("app_descriptions") or {}), "datetime": self._task.get("datetime"),
                 "steps": self._steps, "interactions": self._interactions,
                 "max_interactions": self._task.get("max_interactions"), "done": self._done,
-                "experiment_name": self._experiment_name}
+                "experiment_name": self._experiment_name,
+                **({"world_task_id": self._world_id, "note": NOT_A_TASK} if self._seed_query is not None else {})}
 
     def close(self) -> None:
         """``world.close()`` (and its output folder removed unless ``keep_outputs``), then end the worker."""
@@ -153,6 +181,14 @@ class AppWorldEnv(BaseEnv):
         self._stop_worker()
 
     # ------------------------------------------------------------------ internals
+    def _seed_world(self) -> str:
+        """The world exploration seeds play in: the first task of AppWorld's ``train`` dataset."""
+        train = self.task_ids("train")
+        if not train:
+            raise AppWorldNotInstalled(f"appworld lists no train task in {self._setup.data}, so an exploration seed "
+                                       "has no world to play in; run `appworld download data` again")
+        return train[0]
+
     def _call(self, op: str, timeout_s: float, **fields: Any) -> Any:
         assert self._worker is not None
         try:

@@ -5,7 +5,8 @@ assistant message with tool calls is one BFCL "step" whose calls run on the entr
 (BFCL's own executor, initialised from the entry's ``initial_config``) and come back as ``tool``
 messages; an assistant message without tool calls ends the user turn, and the next turn's user message
 comes back (or the episode ends after the last turn). Scoring is BFCL's multi-turn checker (see
-``scoring.py``). Details and the reasons for each choice: ``docs/env_bfcl.md``.
+``scoring.py``). Split ``explore`` lists one exploration seed per tool class (:mod:`.seeds`): not tasks, scored 0.
+Details and the reasons for each choice: ``docs/env_bfcl.md``.
 """
 
 from __future__ import annotations
@@ -18,7 +19,9 @@ from env_service.actions import read_tool_calls
 from env_service.base import BaseEnv, Isolation, StepOutcome
 from env_service.environments.bfcl import scoring, tools
 from env_service.environments.bfcl.bfcl_api import bfcl
-from env_service.environments.bfcl.data import SPLIT_RULES, TOOL_CLASSES, BfclTask, get_task, split_task_ids
+from env_service.environments.bfcl.data import SPLIT_RULES, TOOL_CLASSES, BfclTask, split_task_ids
+from env_service.environments.bfcl.seeds import NOT_A_TASK, bfcl_task, is_seed_task, seed_task_ids
+from env_service.environments.exploration_seeds import EXPLORE_SPLIT
 from env_service.errors import BadAction
 from env_service.registry import register_env
 
@@ -46,14 +49,20 @@ class BfclEnv(BaseEnv):
     # ------------------------------------------------------------------ class-level
     @classmethod
     def splits(cls) -> list[str]:
-        """train / val / test (multi_turn_base) and the miss_func / miss_param variants of the test indices."""
+        """train / val / test (multi_turn_base) and the miss_func / miss_param variants of the test indices; the
+        seed split ``explore`` holds no task (check_split accepts it)."""
         return list(SPLIT_RULES)
 
     @classmethod
+    def check_split(cls, split: str) -> None:
+        if split != EXPLORE_SPLIT:
+            super().check_split(split)
+
+    @classmethod
     def task_ids(cls, split: str) -> list[str]:
-        """BFCL's own entry ids of ``split`` (deterministic; see ``data.py``)."""
+        """BFCL's own entry ids of ``split`` (deterministic; see ``data.py``), or the exploration seeds."""
         cls.check_split(split)
-        return split_task_ids(split)
+        return seed_task_ids() if split == EXPLORE_SPLIT else split_task_ids(split)
 
     @classmethod
     def tool_schemas(cls) -> list[dict[str, Any]] | None:
@@ -68,7 +77,7 @@ class BfclEnv(BaseEnv):
         """Validate the task id (``UnknownTask``); nothing is executed before :meth:`reset`."""
         super().__init__(task_id, instance_id, params)
         self._model_name = ""  # set by reset; empty means "no cached BFCL instances to free"
-        self.task: BfclTask = get_task(task_id)
+        self.task: BfclTask = bfcl_task(task_id)
         self._api = bfcl()
         self._tool_docs: list[dict[str, Any]] = tools.initial_tool_docs(self.task)
         self._turn_index = 0
@@ -114,7 +123,10 @@ class BfclEnv(BaseEnv):
         return self._end_turn()
 
     def evaluate(self, sparse: bool) -> float:
-        """BFCL's verdict on the finished turns (sparse), or the share of leading turns it accepts (dense)."""
+        """BFCL's verdict on the finished turns (sparse), or the share of leading turns it accepts (dense); 0 for an
+        exploration seed, which has no ground truth."""
+        if is_seed_task(self.task):
+            return 0.0
         if sparse:
             return scoring.sparse_score(self.task, self._finished_turns, self._force_quit)
         return scoring.dense_score(self.task, self._finished_turns)
@@ -133,6 +145,7 @@ class BfclEnv(BaseEnv):
             "force_quit": self._force_quit,
             "max_steps_per_turn": self._api.max_steps_per_turn,
             "tools": [tools.openai_tool(doc) for doc in self._tool_docs],
+            **self._seed_note(),
         }
 
     def close(self) -> None:
@@ -140,6 +153,10 @@ class BfclEnv(BaseEnv):
         self._free_instances()
 
     # ------------------------------------------------------------------ internals
+    def _seed_note(self) -> dict[str, str]:
+        """``{"note": ...}`` saying an exploration seed is not a task (for info and the last step); else empty."""
+        return {"note": NOT_A_TASK} if is_seed_task(self.task) else {}
+
     def _free_instances(self) -> None:
         if getattr(self, "_model_name", ""):
             scoring.drop_cached_instances(self._model_name, self.task)
@@ -193,7 +210,7 @@ class BfclEnv(BaseEnv):
             log.info("bfcl %s: turn %d exceeded %d steps; episode force-quit", self.task_id, self._turn_index,
                      self._api.max_steps_per_turn)
             return StepOutcome(state=state, reward=0.0, is_terminated=True,
-                               info={"force_quit": True, "turn_index": self._turn_index})
+                               info={"force_quit": True, "turn_index": self._turn_index, **self._seed_note()})
         return StepOutcome(state=state, info={"turn_index": self._turn_index})
 
     def _end_turn(self) -> StepOutcome:
@@ -205,7 +222,7 @@ class BfclEnv(BaseEnv):
             self._done = True
             reward = self.evaluate(sparse=True)
             return StepOutcome(state=[], reward=reward, is_terminated=True,
-                               info={"turn_index": self._turn_index, "success": reward == 1.0})
+                               info={"turn_index": self._turn_index, "success": reward == 1.0, **self._seed_note()})
         before = len(self._tool_docs)
         state = self._turn_messages(self._turn_index)
         info: dict[str, Any] = {"turn_index": self._turn_index}

@@ -22,6 +22,9 @@ game's tasks) or ``<split>/<game>``. Protocol over the service's ordinary routes
   [0, 1]). A message without ``name``, or for a seat whose turn it is not, is a 400 naming ``messages.name``.
 * ``/evaluate`` -> the score of ``params.seat`` given at ``/create`` (default: the first seat); sparse = 1 for a
   win only. Every seat's score is in ``/get_info``'s ``game.scores``.
+
+Split ``explore`` lists one exploration seed per game (``explore-tictactoe``, :mod:`.seeds`): a fresh game, played
+as any, not a task: its step reward and ``/evaluate`` are 0.
 """
 
 from __future__ import annotations
@@ -31,8 +34,10 @@ from typing import Any
 
 from agentevolver.schema import ChatMessage
 from env_service.base import BaseEnv, StepOutcome
+from env_service.environments.exploration_seeds import EXPLORE_SPLIT, is_seed
 from env_service.environments.game import tictactoe as _tictactoe  # noqa: F401  (registers its rules)
 from env_service.environments.game.rules import GAMES, GameRules, Illegal
+from env_service.environments.game.seeds import NOT_A_TASK, seed_game, seed_query, seed_task_ids
 from env_service.errors import BadAction, EnvServiceError, UnknownSplit, UnknownTask
 from env_service.registry import register_env
 
@@ -66,26 +71,37 @@ class GameEnv(BaseEnv):
 
     @classmethod
     def splits(cls) -> list[str]:
-        return list(SPLITS)
+        return list(SPLITS)  # task splits; the seed split ``explore`` holds no task (check_split accepts it)
 
     @classmethod
     def check_split(cls, split: str) -> None:
+        if split == EXPLORE_SPLIT:
+            return
         base, _, game = split.partition("/")
         if base not in SPLITS or (game and game not in GAMES):
             raise UnknownSplit(f"game has splits {', '.join(SPLITS)}, optionally '<split>/<game>' with game one of "
-                               f"{', '.join(GAMES.names())}; got {split!r}", field="params.split")
+                               f"{', '.join(GAMES.names())}, and {EXPLORE_SPLIT!r} for the exploration seeds (one per "
+                               f"game); got {split!r}", field="params.split")
 
     @classmethod
     def task_ids(cls, split: str) -> list[str]:
         cls.check_split(split)
+        if split == EXPLORE_SPLIT:
+            return seed_task_ids()
         base, _, only = split.partition("/")
         return [f"{name}-{base}-{index:03d}" for name in GAMES.names() if not only or name == only
                 for index in range(GAMES.get(name).split_sizes.get(base, 0))]
 
     def __init__(self, task_id: str, instance_id: str, params: dict[str, Any]) -> None:
         super().__init__(task_id, instance_id, params)
-        rules, split, index = _parse_task(task_id)
-        self.game: GameRules = rules.from_task(split, index, params)
+        #: The seed's question to every seat, or None for a task.
+        self.seed_query: str | None = None
+        if is_seed(task_id):
+            self.game: GameRules = seed_game(task_id).fresh(params)
+            self.seed_query = seed_query(task_id)
+        else:
+            rules, split, index = _parse_task(task_id)
+            self.game = rules.from_task(split, index, params)
         retries = params.get("illegal_retries", 1)
         if isinstance(retries, bool) or not isinstance(retries, int) or not 0 <= retries <= 10:
             raise EnvServiceError(f"params.illegal_retries must be an integer from 0 to 10, got {retries!r}",
@@ -113,7 +129,15 @@ class GameEnv(BaseEnv):
     def reset(self) -> list[ChatMessage]:
         seat = self.game.to_move()
         assert seat is not None, "a task's opening position is never a finished game"
-        return [*self.game.opening(seat), *self.game.observation(seat)]
+        return [*self._opening(seat), *self.game.observation(seat)]
+
+    def _opening(self, seat: str) -> list[ChatMessage]:
+        """The seat's opening; in a seed, its system prompt ends with the seed's question."""
+        opening = self.game.opening(seat)
+        if self.seed_query is None or not opening or opening[0].role != "system":
+            return opening
+        system = opening[0].model_copy(update={"content": f"{opening[0].content}\n\n{self.seed_query}"})
+        return [system, *opening[1:]]
 
     def step(self, action: ChatMessage) -> StepOutcome:
         seat = self.game.to_move()
@@ -134,7 +158,9 @@ class GameEnv(BaseEnv):
                 state = [ChatMessage(role="user", content=f"Illegal move: {illegal.reason}.\n{state[0].content}"),
                          *state[1:]]
         over = following is None
-        reward = self.scores()[self.scored_seat] if over else 0.0
+        reward = self.evaluate(sparse=False) if over else 0.0
+        if over and self.seed_query is not None:
+            info["note"] = NOT_A_TASK
         return StepOutcome(state=state, reward=reward, is_terminated=over, info=info)
 
     def _play(self, seat: str, text: str) -> Illegal | None:
@@ -169,7 +195,7 @@ class GameEnv(BaseEnv):
             "moves": list(self.moves), "summary": self.game.summary(),
         }
         if openings:
-            facts["openings"] = {s: [m.model_dump(exclude_none=True) for m in self.game.opening(s)]
+            facts["openings"] = {s: [m.model_dump(exclude_none=True) for m in self._opening(s)]
                                  for s in self.game.seats()}
         return facts
 
@@ -178,8 +204,11 @@ class GameEnv(BaseEnv):
         return {seat: min(max(score - self.penalties[seat], 0.0), 1.0) for seat, score in self.game.scores().items()}
 
     def evaluate(self, sparse: bool) -> float:
-        score = self.scores()[self.scored_seat] if self.game.to_move() is None else 0.0
+        """The scored seat's score once the game is over; 0 for an exploration seed (not a task)."""
+        over = self.game.to_move() is None and self.seed_query is None
+        score = self.scores()[self.scored_seat] if over else 0.0
         return (1.0 if score >= 1.0 else 0.0) if sparse else score
 
     def info(self) -> dict[str, Any]:
-        return {**super().info(), "game": self._facts(openings=True)}
+        return {**super().info(), "game": self._facts(openings=True),
+                **({"note": NOT_A_TASK} if self.seed_query is not None else {})}

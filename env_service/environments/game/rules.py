@@ -6,6 +6,7 @@ answer questions about it. Nothing here knows about models: every seat, trained 
 
 To add a larger game (Avalon, Diplomacy) write one module with a subclass and register it:
 
+* ``fresh(params)`` a new game from the start, no move played (what the exploration seed ``explore-<game>`` plays);
 * ``seats()`` the roles in seat order (Avalon: ``["merlin", "percival", "servant1", ..., "assassin"]``);
 * ``opening(seat)`` the seat's private opening (system prompt with its secret role, demonstrations);
 * ``to_move()`` whose turn it is, ``observation(seat)`` what that seat sees now (only its own information:
@@ -50,6 +51,11 @@ class GameRules(ABC):
     @abstractmethod
     def from_task(cls, split: str, index: int, params: dict[str, Any]) -> GameRules:
         """The game of one task (its opening position and seat order come from ``(split, index)``)."""
+
+    @classmethod
+    @abstractmethod
+    def fresh(cls, params: dict[str, Any]) -> GameRules:
+        """A new game from the starting position, no move played: what the game's exploration seed plays."""
 
     @abstractmethod
     def seats(self) -> list[str]:

@@ -81,6 +81,17 @@ def perfect_move(cells: list[str], seat: str) -> int:
     return max(empty, key=lambda i: (-_value((*state[:i], seat, *state[i + 1:]), other), -i))
 
 
+def _demos_param(params: dict[str, Any]) -> int:
+    """``params.demos``: true (all), false (none) or a count; an error naming the field otherwise."""
+    demos = params.get("demos", len(_DEMOS))
+    if isinstance(demos, bool):
+        demos = len(_DEMOS) if demos else 0
+    if not isinstance(demos, int) or demos < 0:
+        raise EnvServiceError(f"params.demos must be true, false or a count >= 0 of demonstrations (at most "
+                              f"{len(_DEMOS)} are shown), got {demos!r}", field="params.demos")
+    return demos
+
+
 @GAMES.register("tictactoe")
 class TicTacToe(GameRules):
     """One game of tic-tac-toe (module docstring)."""
@@ -97,18 +108,18 @@ class TicTacToe(GameRules):
 
     @classmethod
     def from_task(cls, split: str, index: int, params: dict[str, Any]) -> TicTacToe:
-        demos = params.get("demos", len(_DEMOS))
-        if isinstance(demos, bool):
-            demos = len(_DEMOS) if demos else 0
-        if not isinstance(demos, int) or demos < 0:
-            raise EnvServiceError(f"params.demos must be true, false or a count >= 0 of demonstrations (at most "
-                                  f"{len(_DEMOS)} are shown), got {demos!r}", field="params.demos")
+        demos = _demos_param(params)
         rng = random.Random(cls._SPLIT_SEEDS[split] + index)
         cells, seat = ["."] * 9, "X"
         for _ in range(rng.choice((0, 1, 1, 2, 2))):  # a move or two already played; never a decided board
             cells[rng.choice([i for i, cell in enumerate(cells) if cell == "."])] = seat
             seat = "O" if seat == "X" else "X"
         return cls(cells, seat, demos)
+
+    @classmethod
+    def fresh(cls, params: dict[str, Any]) -> TicTacToe:
+        """The empty board, X to move."""
+        return cls(["."] * 9, SEATS[0], _demos_param(params))
 
     def seats(self) -> list[str]:
         return list(SEATS)
