@@ -190,6 +190,28 @@ async def test_greedy_rows_share_decode_steps_where_the_probe_passes(bf16_model:
         await fallback.aclose()
 
 
+async def test_greedy_prompts_arriving_together_share_chunk_passes(bf16_model: Any,
+                                                                    prompts: list[list[int]]) -> None:
+    """Five prompts sharing a 150-token opening, cold cache: the chunks at each position are computed in one
+    pass for all prompts there (and the opening's reused by none: they all start together), with the bits
+    each prompt gets alone."""
+    reference = HFGenerator(bf16_model, [2], pad_token_id=0, batch_invariant_greedy=True, chunk_cache_mb=0)
+    together = HFGenerator(bf16_model, [2], pad_token_id=0, batch_wait_s=0.1, batch_invariant_greedy=True)
+    try:
+        alone = await _greedy_alone(reference, prompts)
+        passes_alone = reference.stats["chunk_passes"]
+        assert passes_alone == sum(-(-len(p) // 64) for p in prompts)  # every chunk of every prompt
+        outputs = await asyncio.gather(*(together.generate(f"g{i}", prompt_ids=p, sampling_params=GREEDY)
+                                         for i, p in enumerate(prompts)))
+        assert [(out.token_ids, out.log_probs) for out in outputs] == alone
+        assert together.stats["streams"] == 1
+        assert together.stats["chunk_passes"] <= max(-(-len(p) // 64) for p in prompts) + len(prompts)
+        assert together.stats["chunk_passes"] < passes_alone
+    finally:
+        await reference.aclose()
+        await together.aclose()
+
+
 async def test_a_weight_load_empties_the_chunk_cache(bf16_model: Any, prompts: list[list[int]]) -> None:
     gen = HFGenerator(bf16_model, [2], pad_token_id=0, batch_invariant_greedy=True)
     try:

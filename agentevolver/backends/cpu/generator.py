@@ -99,6 +99,29 @@ class _NeverDone:
         return False
 
 
+@dataclass(slots=True)
+class _ChunkedRow:
+    """A greedy request being prefilled in chunks (:meth:`HFGenerator._prefill_chunked`)."""
+
+    request: _Request
+    cache: Any  # its own transformers.DynamicCache: exactly ``start`` tokens once ``waiting`` is flushed
+    start: int = 0  # tokens covered so far (a multiple of the chunk size until the last chunk)
+    waiting: list[Any] = field(default_factory=list)  # reused chunks not yet appended (appended together)
+    logits: torch.Tensor | None = None  # next-token logits, once the last chunk is computed
+
+    @property
+    def prompt(self) -> list[int]:
+        return self.request.prompt_ids
+
+    def flush(self) -> None:
+        """Append the reused chunks to the cache, all in one copy."""
+        if self.waiting:
+            for index, parts in enumerate(zip(*self.waiting, strict=True)):
+                self.cache.update(torch.cat([keys for keys, _ in parts], dim=1)[None],
+                                  torch.cat([values for _, values in parts], dim=1)[None], index)
+            self.waiting = []
+
+
 class HFGenerator:
     """Serves ``generate`` calls from a causal LM by dynamic batching; see the module docstring.
 
@@ -210,6 +233,7 @@ class HFGenerator:
             "prompt_tokens": 0,
             "prefix_cached_tokens": 0,  # prompt tokens served from the shared-prefix cache (not prefilled)
             "turn_cached_tokens": 0,  # prompt tokens served from the turn cache (an earlier turn's row)
+            "chunk_passes": 0,  # forward passes of greedy prompts' chunked prefill (batch_invariant_greedy)
             "generated_tokens": 0,
             "decode_steps": 0,  # forward passes after prefill
             "failed_batches": 0,
@@ -311,15 +335,17 @@ class HFGenerator:
         """
         rng = torch.Generator().manual_seed(0)
         settings = SamplingSettings(max_tokens=steps + 1, temperature=0.0, ignore_eos=True, logprobs=True)
-        lengths = (45, 300, 17, 610, 128)
+        lengths = (200, 300, 17, 610, 128)
         prompts = [torch.randint(0, self.vocab_size, (n,), generator=rng).tolist() for n in lengths]
         saved = dict(self.stats)
 
         def trace(companions: Sequence[int]) -> list[torch.Tensor]:
             """The logits row 0 (prompt 0) sees before each token, decoded beside ``companions``."""
-            batch = merge_all([self._prefill([_Request(f"probe-{index}", prompts[index], settings, _NeverDone(),  # type: ignore[arg-type]
-                                                                0.0)], isolated=True)
-                               for index in (*companions[:1], 0, *companions[1:])], self.model.config)
+            self.chunk_cache.clear()  # every chunk computed here, in this company
+            batch = merge_all(self._prefill_chunked([_Request(f"probe-{index}", prompts[index], settings,  # type: ignore[arg-type]
+                                                              _NeverDone(), 0.0)
+                                                     for index in (*companions[:1], 0, *companions[1:])]),
+                              self.model.config)
             slot = next(i for i, row in enumerate(batch.rows) if row.request.request_id == "probe-0")
             row = batch.rows[slot]
             seen = [batch.logits[slot].clone()]
@@ -595,14 +621,17 @@ class HFGenerator:
         """Prefill ``requests``: isolated ones (:meth:`_isolated`) one by one, the rest together; the batches
         whose prefill worked (a failed group's callers get the error; the others go on)."""
         shared = [r for r in requests if not self._isolated(r)]
-        groups = ([shared] if shared else []) + [[r] for r in requests if self._isolated(r)]
+        isolated = [r for r in requests if self._isolated(r)]
         prefilled: list[RunningBatch] = []
-        for group in groups:
+        for group, prefill in ((shared, self._prefill), (isolated, self._prefill_chunked)):
+            if not group:
+                continue
             try:
-                prefilled.append(self._prefill(group, isolated=self._isolated(group[0])))
+                fresh = prefill(group)
             except Exception as exc:  # the running rows' state is untouched: they go on
                 self._fail(loop, group, exc)
                 continue
+            prefilled += fresh if isinstance(fresh, list) else [fresh]
             self._count_rows(len(group), joined=joined)
         return prefilled
 
@@ -641,7 +670,7 @@ class HFGenerator:
         from agentevolver.backends.cpu.kv_cache import new_cache  # imports transformers
 
         if isolated and len(batch) == 1:
-            return self._prefill_chunked(batch[0])
+            return self._prefill_chunked(batch)[0]
         # A prefix shared by every row is prefilled once (or reused from earlier batches); rows are laid out
         # as [prefix | left padding | rest of the prompt], the mask hides the padding and the position ids
         # count real tokens, so each row computes what it would alone.
@@ -684,45 +713,87 @@ class HFGenerator:
         rows = [Row(request, self._new_output(request.settings), prefix_len) for request in batch]
         return RunningBatch(rows, cache, mask, positions[:, -1:], logits, sampler)
 
-    def _prefill_chunked(self, request: _Request) -> RunningBatch:
-        """Prefill one prompt alone, in chunks at fixed positions (:mod:`.chunk_cache`): whole chunks another
-        prompt computed are reused, the others computed and kept. Its numbers depend on the prompt only."""
+    def _prefill_chunked(self, requests: list[_Request]) -> list[RunningBatch]:
+        """Prefill each prompt as if alone, in chunks at fixed positions (:mod:`.chunk_cache`); one batch per row.
+
+        Whole chunks another prompt computed are reused, the others computed and kept, so a row's numbers depend
+        on its prompt only. Rows advance in lockstep: the rows whose next chunk starts at the same position and
+        has the same length share one forward pass (every row of it then has the same past length and chunk
+        length, so no padding: each row's products and attention are the ones it would run alone, which the
+        start-up probe checks). A batch of greedy validation prompts then costs about one pass per chunk
+        position instead of one per prompt.
+        """
         from agentevolver.backends.cpu.kv_cache import new_cache  # imports transformers
 
-        prompt, size = request.prompt_ids, self.chunk_cache.chunk_tokens
-        cache = new_cache(self.model.config)
-        waiting: list[Any] = []  # reused chunks not yet in ``cache`` (appended together: one copy)
-        logits: torch.Tensor | None = None
-        for start in range(0, len(prompt), size):
-            end = min(start + size, len(prompt))
-            entry = self.chunk_cache.get(prompt[:end]) if end < len(prompt) else None  # the last is computed
-            if entry is not None:
-                waiting.append(entry)
-                self.stats["prefix_cached_tokens"] += end - start
-                continue
-            if waiting:
-                for index, parts in enumerate(zip(*waiting, strict=True)):
-                    cache.update(torch.cat([k for k, _ in parts], dim=1)[None],
-                                 torch.cat([v for _, v in parts], dim=1)[None], index)
-                waiting = []
-            logits = self.model(
-                input_ids=torch.tensor([prompt[start:end]], dtype=torch.long, device=self.device),
-                attention_mask=torch.ones((1, end), dtype=torch.long, device=self.device),
-                position_ids=torch.arange(start, end, device=self.device)[None],
-                past_key_values=cache, use_cache=True, logits_to_keep=1,
-            ).logits[:, -1, :]
-            if end - start == size and self.chunk_cache.max_bytes:
-                self.chunk_cache.store(prompt[:end], [(layer.keys[0, :, start:end].clone(),
-                                                       layer.values[0, :, start:end].clone())
-                                                      for layer in cache.layers])
-        assert logits is not None  # the chunk holding the last token is always computed
-        self.stats["prompt_tokens"] += len(prompt)
-        sampler = RowSampler([request.settings], [prompt], vocab_size=self.vocab_size, shared_rng=self._rng,
-                             device=self.device, constraints=[request.constraint])
-        mask = torch.ones((1, len(prompt)), dtype=torch.long, device=self.device)
-        positions = torch.tensor([[len(prompt) - 1]], dtype=torch.long, device=self.device)
-        return RunningBatch([Row(request, self._new_output(request.settings), 0)], cache, mask, positions, logits,
-                            sampler)
+        size = self.chunk_cache.chunk_tokens
+        rows = [_ChunkedRow(request, new_cache(self.model.config)) for request in requests]
+        while True:
+            live = [row for row in rows if row.logits is None]
+            if not live:
+                break
+            for row in live:  # reuse what is kept (never the chunk holding the last token)
+                while row.start + size < len(row.prompt):
+                    entry = self.chunk_cache.get(row.prompt[:row.start + size])
+                    if entry is None:
+                        break
+                    row.waiting.append(entry)
+                    row.start += size
+                    self.stats["prefix_cached_tokens"] += size
+            start = min(row.start for row in live)
+            groups: dict[int, list[_ChunkedRow]] = {}
+            for row in live:
+                if row.start == start:
+                    groups.setdefault(min(size, len(row.prompt) - start), []).append(row)
+            for length, group in groups.items():
+                self._prefill_chunk(group, start, length)
+        self.stats["prompt_tokens"] += sum(len(row.prompt) for row in rows)
+        batches = []
+        for row in rows:
+            request = row.request
+            sampler = RowSampler([request.settings], [row.prompt], vocab_size=self.vocab_size,
+                                 shared_rng=self._rng, device=self.device, constraints=[request.constraint])
+            mask = torch.ones((1, len(row.prompt)), dtype=torch.long, device=self.device)
+            positions = torch.tensor([[len(row.prompt) - 1]], dtype=torch.long, device=self.device)
+            assert row.logits is not None
+            batches.append(RunningBatch([Row(request, self._new_output(request.settings), 0)], row.cache, mask,
+                                        positions, row.logits, sampler))
+        return batches
+
+    def _prefill_chunk(self, group: list[_ChunkedRow], start: int, length: int) -> None:
+        """One forward pass over the chunk ``[start, start + length)`` of every row of ``group`` (each row's
+        keys/values cover exactly ``start`` tokens so far); keeps whole chunks, sets a row's logits after its
+        last token."""
+        from agentevolver.backends.cpu.kv_cache import new_cache  # imports transformers
+
+        for row in group:
+            row.flush()
+        if len(group) == 1:
+            cache = group[0].cache
+        elif start == 0:
+            cache = new_cache(self.model.config)
+        else:  # the rows' pasts side by side: the same length, so no padding
+            cache = new_cache(self.model.config)
+            for index, layers in enumerate(zip(*(row.cache.layers for row in group), strict=True)):
+                cache.update(torch.cat([layer.keys for layer in layers]),
+                             torch.cat([layer.values for layer in layers]), index)
+        end = start + length
+        self.stats["chunk_passes"] += 1
+        logits = self.model(
+            input_ids=torch.tensor([row.prompt[start:end] for row in group], dtype=torch.long, device=self.device),
+            attention_mask=torch.ones((len(group), end), dtype=torch.long, device=self.device),
+            position_ids=torch.arange(start, end, device=self.device)[None].expand(len(group), -1),
+            past_key_values=cache, use_cache=True, logits_to_keep=1,
+        ).logits[:, -1, :]
+        for slot, row in enumerate(group):
+            chunk = [(layer.keys[slot, :, start:end], layer.values[slot, :, start:end]) for layer in cache.layers]
+            if len(group) > 1:
+                for index, (keys, values) in enumerate(chunk):
+                    row.cache.update(keys[None], values[None], index)
+            if length == self.chunk_cache.chunk_tokens and self.chunk_cache.max_bytes:
+                self.chunk_cache.store(row.prompt[:end], [(keys.clone(), values.clone()) for keys, values in chunk])
+            row.start = end
+            if end == len(row.prompt):
+                row.logits = logits[slot:slot + 1]
 
     def _new_output(self, settings: SamplingSettings) -> _Output:
         stops = settings.stop_token_ids if settings.ignore_eos else (*self.eos_token_ids, *settings.stop_token_ids)
