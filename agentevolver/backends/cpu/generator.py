@@ -14,6 +14,9 @@ The decode loop is our own KV-cache loop rather than ``model.generate`` because 
 own sampling settings, stop tokens, seed and ``max_tokens`` inside one forward pass (``model.generate``
 would need one batch per distinct setting), drops rows from the batch as soon as they finish instead of
 computing padding until the longest one ends, and computes only the last position's logits at prefill.
+With ``batch_invariant_greedy``, greedy requests (validation) are prefilled in fixed chunks, in lockstep, with
+reusable chunk keys/values (:mod:`.chunk_cache`) and then decode in company on kernels a start-up probe shows
+to give each row its own bits, so a greedy answer never depends on which requests arrived with it.
 """
 
 from __future__ import annotations
