@@ -57,13 +57,18 @@ class ChunkCache:
         """Keep the chunk ending at ``len(tokens)`` (a multiple of ``chunk_tokens``), evicting the least
         recently used chunks to stay within ``max_bytes``."""
         key = tuple(tokens)
-        size = sum(k.numel() * k.element_size() + v.numel() * v.element_size() for k, v in layers)
+        size = _nbytes(layers)
         if key in self._entries or size > self.max_bytes:
             return
         while self._entries and self._bytes + size > self.max_bytes:
             _, evicted = self._entries.popitem(last=False)
-            self._bytes -= sum(k.numel() * k.element_size() + v.numel() * v.element_size() for k, v in evicted)
+            self._bytes -= _nbytes(evicted)
             self.stats["evicted"] += 1
         self._entries[key] = layers
         self._bytes += size
         self.stats["stored"] += 1
+
+
+def _nbytes(layers: Layers) -> int:
+    """Bytes of one chunk's keys and values."""
+    return sum(k.numel() * k.element_size() + v.numel() * v.element_size() for k, v in layers)

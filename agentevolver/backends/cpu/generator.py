@@ -621,7 +621,7 @@ class HFGenerator:
 
     def _prefill_groups(self, requests: list[_Request], loop: asyncio.AbstractEventLoop, *,
                         joined: bool) -> list[RunningBatch]:
-        """Prefill ``requests``: isolated ones (:meth:`_isolated`) one by one, the rest together; the batches
+        """Prefill ``requests``: isolated ones (:meth:`_isolated`) in chunks, the rest together; the batches
         whose prefill worked (a failed group's callers get the error; the others go on)."""
         shared = [r for r in requests if not self._isolated(r)]
         isolated = [r for r in requests if self._isolated(r)]
@@ -661,10 +661,10 @@ class HFGenerator:
                   for layer in batch.cache.layers]
         self.turn_cache.store(token_ids, row.prefix_len, layers)
 
-    def _prefill(self, batch: list[_Request], *, isolated: bool = False) -> RunningBatch:
+    def _prefill(self, batch: list[_Request]) -> RunningBatch:
         """Prefill the left-padded prompts of ``batch``: the rows, their keys/values and next-token logits.
 
-        ``isolated``: one request, its whole prompt, no cached keys/values (batch_invariant_greedy).
+        Not for batch_invariant_greedy's greedy requests: those go to :meth:`_prefill_chunked`.
 
         Position ids count real tokens only (padding gets 0 and is masked), so a row's numbers do not
         depend on how much padding its batch-mates forced on it: greedy output is batch-invariant up to
@@ -672,8 +672,6 @@ class HFGenerator:
         """
         from agentevolver.backends.cpu.kv_cache import new_cache  # imports transformers
 
-        if isolated and len(batch) == 1:
-            return self._prefill_chunked(batch)[0]
         # A prefix shared by every row is prefilled once (or reused from earlier batches); rows are laid out
         # as [prefix | left padding | rest of the prompt], the mask hides the padding and the position ids
         # count real tokens, so each row computes what it would alone.
