@@ -108,13 +108,16 @@ class BaseEnv(ABC):
             f"(attribution_driven_credit_assignment.judge.source: llm)", field="env_type")
 
     @classmethod
-    def write_tasks(cls, calls: list[ObservedCall], seed_query: str | None, limit: int | None) -> Rendering:
+    def write_tasks(cls, calls: list[ObservedCall], seed_query: str | None, limit: int | None,
+                    all_renderings: bool = False) -> Rendering:
         """Optional (capability ``task_writing``): the tasks an exploration's tool ``calls`` determine, with no LLM.
 
         Class-level and pure, like :meth:`label_steps`: each successful call the environment can phrase becomes a
         question in the style of its own tasks, its observed result the answer, the call the evidence; a rendering
         of ``seed_query`` is dropped and at most ``limit`` tasks are kept, and what was skipped is counted
         (:data:`agentevolver.schema.task_writing.RENDER_COUNTS`). The caller proves every task before keeping it.
+        ``all_renderings`` asks for every question a call can be written as (an environment with one question a
+        call may ignore it).
         """
         raise CapabilityUnsupported(
             f"environment {cls.name!r} does not offer the {TASK_WRITING!r} capability (it cannot write tasks from "

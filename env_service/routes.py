@@ -119,7 +119,8 @@ async def step_labels(body: StepLabelsRequest, manager: Manager) -> StepLabelsAn
 async def task_writing(body: TaskWritingRequest, manager: Manager) -> TaskWritingAnswer:
     # Class-level and pure like /step_labels: the exploration's instance is released by now.
     cls = manager.env_class(body.env_type)
-    rendering = await run_in_threadpool(cls.write_tasks, body.calls, body.seed_query, body.limit)
+    rendering = await run_in_threadpool(cls.write_tasks, body.calls, body.seed_query, body.limit,
+                                        body.all_renderings)
     return TaskWritingAnswer.of(TaskWritingData(env_type=body.env_type, tasks=rendering.tasks,
                                                 counts=rendering.counts))
 

@@ -34,7 +34,7 @@ from agentevolver.experiments.plan import AblationPlan, plan_ablation
 from agentevolver.experiments.report import _y_range, write_report
 from agentevolver.experiments.runner import Runner
 from agentevolver.experiments.spec import load_spec, parse_arms
-from agentevolver.experiments.state import STATE_FILE, RunState, relocate
+from agentevolver.experiments.state import STATE_FILE, RunState, final_step_logged, relocate
 
 QUICKSTART = REPO_ROOT / "examples" / "quickstart.yaml"
 ABLATION = REPO_ROOT / "examples" / "ablation" / "quickstart.yaml"
@@ -125,7 +125,18 @@ def test_every_arm_of_every_shipped_ablation_composes(tmp_path: Path, ablation_f
     assert done.returncode == 0, done.stdout + done.stderr
     for arm in spec.arms:
         assert f"{arm}/seed0  [new]" in done.stdout, done.stdout
+    if ablation_file.stem == "self_evolution":  # its untrained base validates once: done at its step-0 line
+        assert "base/seed0  [new]  validation only" in done.stdout, done.stdout
     assert not (tmp_path / "abl").exists()
+
+
+def test_a_validation_only_run_is_done_at_its_step_0_validation(tmp_path: Path) -> None:
+    metrics = tmp_path / "metrics.jsonl"
+    metrics.write_text(json.dumps({"step": 0, "timing_s/testing": 3.0}) + "\n")
+    assert not final_step_logged(tmp_path, 0)  # started, not yet validated
+    metrics.write_text(json.dumps({"step": 0, "val-core/calc/acc/mean@1": 0.36}) + "\n")
+    assert final_step_logged(tmp_path, 0) and not final_step_logged(tmp_path, 4)
+    assert not final_step_logged(tmp_path, None)
 
 
 def test_a_bad_override_of_one_arm_stops_before_anything_runs(tmp_path: Path) -> None:

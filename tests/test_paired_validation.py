@@ -19,6 +19,8 @@ import hashlib
 import io
 import json
 import math
+import re
+import shutil
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
@@ -33,6 +35,7 @@ from agentevolver.errors import ConfigError
 from agentevolver.experiments.cli import main
 from agentevolver.experiments.plan import plan_ablation
 from agentevolver.experiments.records import (
+    COMPACT_FILE,
     VALIDATION_DIR,
     TaskRecord,
     level_of,
@@ -40,6 +43,7 @@ from agentevolver.experiments.records import (
     per_level,
     read_records,
     solved_tasks,
+    validation_steps,
 )
 from agentevolver.experiments.spec import load_spec, parse_arms
 from agentevolver.experiments.state import STATE_FILE, RunState
@@ -164,6 +168,16 @@ def test_report_cli_shows_per_level_scores_and_the_mcnemar_count(tmp_path: Path)
     assert sa["paired_tasks"] == {"baseline": "grpo", "seeds": [0, 1], "pairs": 16, "only_arm": 5,
                                   "only_baseline": 1, "both": 7, "neither": 3, "mcnemar_p": pytest.approx(0.21875)}
     assert summary["runs"][0]["levels_after"] == {"word": 0.0, "chain": 1.0, "all": 0.5}
+
+    # the dumps (megabytes, untracked) gone, as in a later checkout: the tracked condensed file reports the same
+    for run in plan.runs:
+        compact = run.run_dir / COMPACT_FILE
+        assert len(compact.read_text().splitlines()) == 2 * len(tasks)  # both validations, a line per task
+        shutil.rmtree(run.run_dir / VALIDATION_DIR)
+        assert validation_steps(run.run_dir) == [0, 2] and len(read_records(run.run_dir, 2)) == len(tasks)
+    assert main(["report", str(plan.out)], console=Console(file=io.StringIO())) == 0
+    undated = lambda text: re.sub(r"Updated \S+\.", "", text)  # noqa: E731
+    assert undated((plan.out / "README.md").read_text()) == undated(readme)
 
 
 def test_runs_write_their_validation_dump_and_older_run_folders_still_resume(tmp_path: Path) -> None:

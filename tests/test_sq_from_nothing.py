@@ -113,6 +113,29 @@ def test_the_writer_renders_every_level_it_can_prove_and_records_it() -> None:
     assert all(not re.search(r"\d\s*[-+*/]\s*\d", t.query) for t in stories)  # the expression is the agent's to write
 
 
+def test_all_renderings_writes_every_question_of_each_call_round_by_round() -> None:
+    """``task_manager.writer_all_renderings``: each call's digest pick first (as one task a call gives), then
+    every other question the call can be; a limit keeps every call's first question before any second."""
+    calls = [*_calculator_calls(4), ("calculator", {"expression": "60+7"}, "67")]  # on 20*3's result
+    observed, record = _observed(calls)
+    one = render_tasks(observed).tasks
+    every = render_tasks(observed, all_renderings=True)
+    assert len(one) == 5 and every.tasks[:5] == one  # round 1: the digest picks, in call order
+    assert len(every.tasks) > 2 * len(one) and len({t.query for t in every.tasks}) == len(every.tasks)
+    assert {t.level for t in every.tasks} >= {"single", "chain", "word", "distractor"}
+    assert "Multiply 20 by 3, then add 7." in {t.query for t in every.tasks}
+    for task in every.tasks:
+        proof = prove(task.query, task.answer, record, CALC.answers)
+        assert proof.proved, (task, proof)
+    limited = render_tasks(observed, all_renderings=True, limit=7)
+    assert limited.tasks == every.tasks[:7] and limited.tasks[:5] == one
+    assert limited.counts["over_limit"] == len(every.tasks) - 7 and limited.counts["tasks_rendered"] == 7
+    # a question equal to the seed's own is dropped alone; the call's other questions stay
+    story = next(t for t in every.tasks[5:] if t.level in ("word", "distractor"))
+    seeded = render_tasks(observed, all_renderings=True, seed_query=story.query)
+    assert seeded.counts["seed_copies"] == 1 and len(seeded.tasks) == len(every.tasks) - 1
+
+
 def test_a_call_on_an_earlier_result_reads_as_one_two_step_question_proved_through_both_calls() -> None:
     """The first pair (first call, second call on its result) whose digest picks the chain: a worded two-step
     question stating the first call's numbers and the second's, proved by deriving through both calls."""
@@ -140,6 +163,7 @@ def test_the_no_human_task_preset_composes() -> None:
     assert section.mixture.use_original_tasks is False and section.mixture.synthetic_data_ratio > 0
     assert "eval_overlap" in section.realtime_filters and section.eval_splits == ["val", "test", "eval"]
     assert section.explorer_temperature and section.explorer_temperature > 0
+    assert section.explorer_max_tokens == 128
     assert settings.env_service.train_split == "explore"
 
 
@@ -239,12 +263,14 @@ def _cli(calc: str, scripted: ScriptedOpenAIServer, out: Path, *extra: str) -> s
 def test_cli_writes_tasks_from_exploration_seeds_none_equal_to_an_eval_task_and_reports_it(
         calc: str, scripted_llm: ScriptedOpenAIServer, tmp_path: Path) -> None:
     scripted_llm.respond_with(_explorer)
-    result = _cli(calc, scripted_llm, tmp_path / "seed0")
+    # one question a call, so every call the explorer made is counted once: written or rejected
+    result = _cli(calc, scripted_llm, tmp_path / "seed0", "task_manager.writer_all_renderings=false")
     assert result.returncode == 0, result.stderr + result.stdout
 
     bodies = scripted_llm.bodies
     assert bodies and all(EXPLORING in b["messages"][0]["content"] for b in bodies)  # no LLM wrote or judged
     assert {b["temperature"] for b in bodies} == {0.8} and len({b["seed"] for b in bodies}) > 1  # it samples
+    assert {b["max_tokens"] for b in bodies} == {128}  # task_manager.explorer_max_tokens: one call a reply
 
     written = read_objectives(tmp_path / "seed0" / "tasks.jsonl")
     assert written and all(o.seed_task_id.startswith("explore-") for o in written)  # no human task anywhere

@@ -23,6 +23,7 @@ from scripted_openai_server import Reply, ScriptedOpenAIServer
 from agentevolver.client.env_client import EnvClient
 from agentevolver.client.llm_client import LLMClients
 from agentevolver.config import compose_config, load_config, validate_config
+from agentevolver.errors import ConfigError
 from agentevolver.module.agent_flow.episode import EpisodeSpec
 from agentevolver.module.task_manager import TaskManager, read_objectives, seed_tasks
 from agentevolver.module.task_manager.masking import MASK, query_fragments
@@ -177,6 +178,21 @@ def test_n_zero_sends_no_llm_request(codebox: str, scripted_llm: ScriptedOpenAIS
                              *_overrides(codebox, scripted_llm, tmp_path, "task_manager.n=0")],
                             cwd=REPO_ROOT, capture_output=True, text=True, check=False)
     assert result.returncode == 2 and "task_manager.n is 0" in result.stderr and not scripted_llm.requests
+
+
+def test_a_validation_only_run_trains_on_its_validation_tasks_and_generates_nothing(
+        codebox: str, scripted_llm: ScriptedOpenAIServer, tmp_path: Path) -> None:
+    """An ablation's untrained base: no human task and no synthetic file (a training run stops for want of one),
+    but ``trainer.val_only`` needs no training task: verl's loader gets the validation tasks."""
+    scripted_llm.respond_with(Roles())
+    empty = ("task_manager.n=0", "task_manager.mixture.use_original_tasks=false",
+             "task_manager.mixture.synthetic_data_ratio=1", "data.val_max_samples=3")
+    with pytest.raises(ConfigError, match="synthetic_tasks_path: .* does not exist"):
+        build_task_datasets(*load_config(_overrides(codebox, scripted_llm, tmp_path, *empty)))
+    train, val = build_task_datasets(*load_config(_overrides(codebox, scripted_llm, tmp_path, *empty,
+                                                             "trainer.val_only=true")))
+    assert not scripted_llm.requests and not (tmp_path / "tasks.jsonl").exists()  # nothing explored or read
+    assert len(val) == 3 and train.objectives == val.objectives
 
 
 def test_trainer_datasets_mix_synthetic_tasks_into_training_only(

@@ -182,8 +182,9 @@ class EnvClient(ServiceClient):
         return self._data(_post("/step_labels", body, idempotent=True), StepLabelsAnswer)
 
     def _write_tasks(self, env_type: str, calls: Sequence[ObservedCall], seed_query: str | None,
-                     limit: int | None) -> Flow[TaskWritingData]:
-        body = TaskWritingRequest(env_type=env_type, calls=list(calls), seed_query=seed_query, limit=limit)
+                     limit: int | None, all_renderings: bool) -> Flow[TaskWritingData]:
+        body = TaskWritingRequest(env_type=env_type, calls=list(calls), seed_query=seed_query, limit=limit,
+                                  all_renderings=all_renderings)
         return self._data(_post("/task_writing", body.model_dump(mode="json"), idempotent=True), TaskWritingAnswer)
 
     def _get_env_profile(self, env_type: str, split: str) -> Flow[list[str]]:
@@ -270,11 +271,12 @@ class EnvClient(ServiceClient):
         return self._run(self._step_labels(env_type, task_id, messages, params))
 
     def write_tasks(self, env_type: str, calls: Sequence[ObservedCall], *, seed_query: str | None = None,
-                    limit: int | None = None) -> TaskWritingData:
+                    limit: int | None = None, all_renderings: bool = False) -> TaskWritingData:
         """The tasks an exploration's tool ``calls`` determine, rendered by the environment (capability
-        ``task_writing``; no LLM). Pure, so retried like ``evaluate``; an environment without the capability
-        raises :class:`EnvClientError` with code ``capability_unsupported``."""
-        return self._run(self._write_tasks(env_type, calls, seed_query, limit))
+        ``task_writing``; no LLM); ``all_renderings``: every question a call can be written as. Pure, so
+        retried like ``evaluate``; an environment without the capability raises :class:`EnvClientError` with
+        code ``capability_unsupported``."""
+        return self._run(self._write_tasks(env_type, calls, seed_query, limit, all_renderings))
 
     def get_env_profile(self, env_type: str, split: str = "train") -> list[str]:
         """Task ids of a split."""

@@ -88,10 +88,12 @@ class TaskManagerSection(_Section):
     num_seed_tasks: int = Field(ge=-1)
     seed_split: str | None = Field(min_length=1)
     explorer_temperature: float | None = Field(ge=0.0)
+    explorer_max_tokens: int | None = Field(ge=1)
     explore_seed: int
     eval_splits: list[str]
     tasks_per_exploration: int = Field(ge=1)
     writer: Literal["env", "llm"]
+    writer_all_renderings: bool
     parse_retries: int = Field(ge=0)
     demonstrations: bool
     max_observation_chars: int = Field(ge=64)

@@ -146,7 +146,7 @@ def _print_dry_run(plan: AblationPlan, console: Console) -> None:
         state = RunState(run)
         status = "done: skipped" if state.is_done() else \
             f"to resume (attempt {len(state.attempts) + 1})" if state.attempts else "new"
-        say(f"{index}. {run.key}  [{status}]  {run.total_steps or '?'} steps -> {run.run_dir}")
+        say(f"{index}. {run.key}  [{status}]  {_steps_shown(run.total_steps)} -> {run.run_dir}")
         say("   roles: " + "; ".join(f"{role}: {source}" for role, source in run.roles.items()))
         say(f"   {shlex.join(run.argv)}")
 
@@ -183,3 +183,7 @@ def _report(folder: Path, console: Console) -> int:
     console.print(f"report: {plan.out / 'README.md'}")
     return 0
 
+
+def _steps_shown(total_steps: int | None) -> str:
+    """A run's length as the dry run lists it: validation only (0), its steps, or unknown."""
+    return "validation only" if total_steps == 0 else f"{total_steps or '?'} steps"

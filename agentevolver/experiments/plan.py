@@ -184,6 +184,8 @@ def compose_runs(plan: AblationPlan) -> None:
             raise ConfigError(f"run {run.key} (arm {run.arm!r}): {err}") from err
         steps = OmegaConf.select(cfg, "trainer.total_training_steps")
         run.total_steps = int(steps) if isinstance(steps, int) and steps > 0 else None
+        if OmegaConf.select(cfg, "trainer.val_only", default=False):
+            run.total_steps = 0                   # a validation-only run is done once its step-0 line is there
         run.roles = run_roles(cfg, settings)
         run.budget = {key: _plain(OmegaConf.select(cfg, key, default=None)) for key in plan.spec.budget_keys}
         run.health_urls = {svc.name: svc.health_url for svc in launch.services}

@@ -8,6 +8,11 @@ every validation: one line per validation sample with ``score`` (the reward), ``
 ``validation/exp_<mode>/`` (not read here). Reading verl's own dump covers every validation: the one before
 training and ``trainer.val_only`` runs as well as the ones the ``testing`` stage runs.
 
+**Kept small.** verl's dump holds every prompt and response (megabytes a validation), so it is not tracked in
+git; :func:`keep_compact` condenses every dump of a run into ``<run dir>/validation_tasks.jsonl`` (step, task id,
+score and success a line: tens of kB a run), which is tracked, and :func:`read_records` reads it where a dump is
+gone (a later checkout of a finished ablation reports its per-task comparison all the same).
+
 **Why per task.** Two arms' final validations differ by a few tasks; the seed-level difference
 (:class:`~agentevolver.experiments.report.PairedDifference`) has a handful of samples and cannot see that.
 Paired per task, the tasks solved by one arm and not the other are what carries the evidence; the exact
@@ -32,11 +37,13 @@ from pathlib import Path
 
 from agentevolver.errors import ConfigError
 
-__all__ = ["VALIDATION_DIR", "McNemar", "TaskRecord", "level_of", "mcnemar", "per_level", "read_records",
-           "solved_tasks", "validation_steps"]
+__all__ = ["COMPACT_FILE", "VALIDATION_DIR", "McNemar", "TaskRecord", "keep_compact", "level_of", "mcnemar",
+           "per_level", "read_records", "solved_tasks", "validation_steps"]
 
 #: The run folder's subfolder verl's validation dump goes to (``trainer.validation_data_dir``).
 VALIDATION_DIR = "validation"
+#: Every validation's records of a run, condensed (module docstring); tracked in git beside metrics.jsonl.
+COMPACT_FILE = "validation_tasks.jsonl"
 #: ``acc`` at or above this is a success (1 with float slack).
 _SUCCESS = 1.0 - 1e-6
 #: Task ids of the form ``<split>-<level>-<index>`` (calc's: ``eval-word-007``) carry their level.
@@ -67,32 +74,72 @@ def level_of(task_id: str) -> str | None:
     return match["level"] if match else None
 
 
-def validation_steps(run_dir: Path) -> list[int]:
-    """The steps whose validation dump ``<run dir>/validation/<step>.jsonl`` exists, in order."""
+def _dump_steps(run_dir: Path) -> list[int]:
     folder = run_dir / VALIDATION_DIR
     if not folder.is_dir():
         return []
     return sorted(int(path.stem) for path in folder.glob("*.jsonl") if path.stem.isdigit())
 
 
+def validation_steps(run_dir: Path) -> list[int]:
+    """The steps with per-task records: a validation dump ``<run dir>/validation/<step>.jsonl`` or, where it
+    is gone, their condensed lines (:data:`COMPACT_FILE`), in order."""
+    return sorted(set(_dump_steps(run_dir)) | {record.step for record in _read_compact(run_dir)})
+
+
+def keep_compact(run_dir: Path) -> Path | None:
+    """Condense every validation dump of ``run_dir`` into :data:`COMPACT_FILE` (the steps whose dump is gone
+    keep their lines); None when the run has no record at all. Rewritten whole, so it is idempotent."""
+    kept: dict[int, list[TaskRecord]] = {}  # step -> records
+    for record in _read_compact(run_dir):
+        kept.setdefault(record.step, []).append(record)
+    for step in _dump_steps(run_dir):
+        kept[step] = _read_dump(run_dir, step)
+    if not kept:
+        return None
+    path = run_dir / COMPACT_FILE
+    lines = [json.dumps({"step": step, "task_id": r.task_id, "score": r.score, "acc": r.success})
+             for step in sorted(kept) for r in kept[step]]  # in the dump's order (per_level keeps it)
+    temporary = path.with_suffix(".tmp")
+    temporary.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
+    temporary.replace(path)
+    return path
+
+
 def read_records(run_dir: Path, step: int) -> list[TaskRecord]:
-    """The records of the validation at ``step`` ([] when that validation wrote no dump).
+    """The records of the validation at ``step``: from verl's dump, or where it is gone from the condensed
+    :data:`COMPACT_FILE` ([] when neither has that validation).
 
     Raises:
         ConfigError: a line is not JSON or lacks ``task_id`` / ``acc`` (a dump written before the agent loop put
             ``task_id`` into it, or not by verl), naming the file and line.
     """
+    if (run_dir / VALIDATION_DIR / f"{step}.jsonl").is_file():
+        return _read_dump(run_dir, step)
+    return [record for record in _read_compact(run_dir) if record.step == step]
+
+
+def _read_compact(run_dir: Path) -> list[TaskRecord]:
+    path = run_dir / COMPACT_FILE
+    return _parse(path, path.read_text(encoding="utf-8").splitlines(), None) if path.is_file() else []
+
+
+def _read_dump(run_dir: Path, step: int) -> list[TaskRecord]:
     path = run_dir / VALIDATION_DIR / f"{step}.jsonl"
-    if not path.is_file():
-        return []
+    return _parse(path, path.read_text(encoding="utf-8").splitlines(), step)
+
+
+def _parse(path: Path, lines: list[str], step: int | None) -> list[TaskRecord]:
+    """Records of a dump (``step``: its validation's step, where a line lacks one) or of the compact file."""
     records = []
-    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+    for number, line in enumerate(lines, 1):
         if not line.strip():
             continue
         try:
             row = json.loads(line)
             task_id = str(row["task_id"])
-            records.append(TaskRecord(task_id=task_id, level=level_of(task_id), step=int(row.get("step", step)),
+            records.append(TaskRecord(task_id=task_id, level=level_of(task_id),
+                                      step=int(row["step"] if step is None else row.get("step", step)),
                                       score=float(row["score"]), success=float(row["acc"])))
         except (json.JSONDecodeError, KeyError, TypeError, ValueError) as err:
             raise ConfigError(

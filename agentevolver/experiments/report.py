@@ -29,6 +29,7 @@ from agentevolver.experiments.plan import AblationPlan, RunPlan
 from agentevolver.experiments.records import (
     McNemar,
     TaskRecord,
+    keep_compact,
     mcnemar,
     per_level,
     read_records,
@@ -139,9 +140,12 @@ def _curves(metrics: dict[int, dict[str, float | None]], core: str = _CORE) -> t
 
 
 def collect(plan: AblationPlan) -> list[RunResult]:
-    """Every planned run's status and curves, as they are on disk now."""
+    """Every planned run's status and curves, as they are on disk now (each run's validation dumps condensed
+    first into its tracked per-task file: :func:`~agentevolver.experiments.records.keep_compact`)."""
     results = []
     for run in plan.runs:
+        if run.run_dir.is_dir():
+            keep_compact(run.run_dir)
         state = RunState(run)
         done = state.is_done()
         metrics = read_metrics_file(run.run_dir)

@@ -34,6 +34,8 @@ _LATER_RUNNER_KEYS = ("trainer.validation_data_dir",)
 
 #: Keys that only a training step's line has (a validation-only line, e.g. step 0, has none of them).
 _TRAINING_KEYS = ("timing_s/step", "actor/pg_loss", "training/global_step")
+#: The prefix of verl's validation scores (``val-core/<data source>/...``).
+_VALIDATION_PREFIX = "val-core/"
 
 
 def now() -> str:
@@ -49,10 +51,13 @@ def read_metrics_file(run_dir: Path) -> dict[int, dict[str, float | None]]:
 
 
 def final_step_logged(run_dir: Path, total_steps: int | None) -> bool:
-    """Whether ``metrics.jsonl`` holds the training line of step ``total_steps``."""
+    """Whether ``metrics.jsonl`` holds the training line of step ``total_steps``; for 0 (a ``trainer.val_only``
+    run, which trains no step) the step-0 validation line."""
     if total_steps is None:
         return False
     line = read_metrics_file(run_dir).get(total_steps) or {}
+    if total_steps == 0:
+        return any(key.startswith(_VALIDATION_PREFIX) for key in line)
     return any(key in line for key in _TRAINING_KEYS)
 
 

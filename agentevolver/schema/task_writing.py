@@ -48,7 +48,8 @@ class TaskWritingRequest(BaseModel):
     """``/task_writing``: render the tool calls of one exploration (in order) as tasks.
 
     ``seed_query`` is the question of the explored seed task (a rendering that restates it is dropped);
-    ``limit`` caps the tasks (``task_manager.tasks_per_exploration``; null for no cap).
+    ``limit`` caps the tasks (``task_manager.tasks_per_exploration``; null for no cap). ``all_renderings``:
+    every question a call can be written as, not one per call (``task_manager.writer_all_renderings``).
     """
 
     model_config = ConfigDict(extra="forbid")
@@ -57,6 +58,7 @@ class TaskWritingRequest(BaseModel):
     calls: list[ObservedCall]
     seed_query: str | None = None
     limit: int | None = Field(default=None, ge=0)
+    all_renderings: bool = False
 
 
 class RenderedTask(BaseModel):

@@ -152,14 +152,19 @@ def build_task_datasets(config: Any, settings: AgentEvolverSettings, *, env_clie
     try:
         limits = {"train": int(config.data.get("train_max_samples", -1)),
                   "val": int(config.data.get("val_max_samples", -1))}
+        val_only = bool(config.trainer.get("val_only", False))
+        splits = (("val", section.val_split),) if val_only else (("train", section.train_split),
+                                                                 ("val", section.val_split))
         original = {name: tasks_from_env_service(env, section.env_type, split, limits[name], grader)
-                    for name, split in (("train", section.train_split), ("val", section.val_split))}
-        synthetic, generation = synthetic_pool(settings, env, llm)
+                    for name, split in splits}
+        # A validation-only run (the untrained base of an ablation) trains on nothing, but verl builds a
+        # training loader all the same: it gets the validation tasks, and no synthetic task is generated or read.
+        synthetic, generation = ([], {}) if val_only else synthetic_pool(settings, env, llm)
     finally:
         if env_client is None:
             env.close()
-    train = train_manager.mix(original["train"], synthetic)
     val = val_manager.mix(original["val"], [])
+    train = list(val) if val_only else train_manager.mix(original["train"], synthetic)
     if not train:
         raise ConfigError("the training mixture is empty: task_manager.mixture.use_original_tasks is false and "
                           f"{settings.task_manager.synthetic_tasks_path} holds no synthetic task; generate tasks or "

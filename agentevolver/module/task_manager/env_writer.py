@@ -72,7 +72,8 @@ class EnvWriter:
         try:
             rendering = self.env.write_tasks(self.deps.env_type, observed_calls(trajectory),
                                              seed_query=trajectory.query,
-                                             limit=self.deps.section.tasks_per_exploration)
+                                             limit=self.deps.section.tasks_per_exploration,
+                                             all_renderings=self.deps.section.writer_all_renderings)
         except EnvClientError as err:
             logger.warning("exploration %s#%s: the environment wrote no tasks: %s", seed.task_id,
                            trajectory.rollout_id, err)

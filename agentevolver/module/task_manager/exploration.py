@@ -99,9 +99,12 @@ class RandomWalk(ExplorationStrategy):
         return rng.choice(EXPLORER_OPENINGS).format(numbers=", ".join(map(str, numbers)))
 
     def sampling(self, seed: Task, round_index: int, step: int) -> dict[str, Any]:
-        """Request fields of the explorer's reply at ``step``: the temperature and a seed for the sample."""
+        """Request fields of the explorer's reply at ``step``: the temperature, a seed for the sample and the
+        reply's token cap."""
         draw = self._draw(seed, round_index).getrandbits(31)
-        return {"temperature": self.deps.section.explorer_temperature, "seed": (draw + step) % 2**31}
+        section = self.deps.section
+        return {"temperature": section.explorer_temperature, "seed": (draw + step) % 2**31,
+                "max_tokens": section.explorer_max_tokens}
 
     def explore(self, seed: Task, round_index: int) -> Trajectory:
         env = self.deps.env_client()

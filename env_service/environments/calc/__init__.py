@@ -133,10 +133,11 @@ class CalcEnv(BaseEnv):
         return label_episode(played_task(calc_task(task_id), params), messages)
 
     @classmethod
-    def write_tasks(cls, calls: list[ObservedCall], seed_query: str | None, limit: int | None) -> Rendering:
+    def write_tasks(cls, calls: list[ObservedCall], seed_query: str | None, limit: int | None,
+                    all_renderings: bool = False) -> Rendering:
         """Each successful calculator / unit-converter call as a question like calc's own (capability
         ``task_writing``; rules: :mod:`env_service.environments.calc.task_writing`)."""
-        return render_tasks(calls, seed_query=seed_query, limit=limit)
+        return render_tasks(calls, seed_query=seed_query, limit=limit, all_renderings=all_renderings)
 
     def __init__(self, task_id: str, instance_id: str, params: dict[str, Any]) -> None:
         super().__init__(task_id, instance_id, params)

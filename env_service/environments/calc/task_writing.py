@@ -13,7 +13,8 @@ its observed result the answer and the call the evidence; the task manager still
 
 Of the questions a call can be written as, one is picked by a digest of the call, so the same call always
 reads the same (reproducible, and the dedup filter sees repeats as exact duplicates) while different calls
-spread over the levels. Expressions are written with one space around each binary operator
+spread over the levels. With ``all_renderings`` every question of a call is a task, round by round: first the
+digest pick of every call, then each call's next question, and so on, so a ``limit`` keeps the spread. Expressions are written with one space around each binary operator
 (:func:`format_expression`), unit symbols as words ("km" -> "kilometers"). What gives no task is counted:
 
 * ``calls_failed``: the tool returned an error (a result starting with ``Error``) or not exactly one number;
@@ -22,7 +23,7 @@ spread over the levels. Expressions are written with one space around each binar
 * ``seed_copies``: one of the call's renderings is the seed task's own question, word for word (the explorer
   solved the seed, and "Compute 65 - 59." would restate "What is 65 - 59?"). A word problem's arithmetic
   ("What is 12 * 5?" from a story about 12 muffins a day for 5 days) is a different question and is kept;
-* ``over_limit``: beyond the request's ``limit``.
+* ``over_limit``: beyond the request's ``limit`` (a question, not a call, with ``all_renderings``).
 """
 
 from __future__ import annotations
@@ -112,9 +113,10 @@ def operations(expression: str) -> int:
 
 
 def render_tasks(calls: Sequence[ObservedCall], *, seed_query: str | None = None,
-                 limit: int | None = None) -> Rendering:
-    """Each successful, renderable call of ``calls`` (in order) -> a task (see the module docstring)."""
-    tasks: list[RenderedTask] = []
+                 limit: int | None = None, all_renderings: bool = False) -> Rendering:
+    """Each successful, renderable call of ``calls`` (in order) -> a task, or with ``all_renderings`` every
+    question it can be written as (see the module docstring)."""
+    per_call: list[list[RenderedTask]] = []  # each call's questions, its digest pick first
     counts: Counter[str] = Counter()
     seen: set[str] = set()
     results: dict[str, tuple[str, ObservedCall]] = {}  # an earlier one-operation call's result -> its expression
@@ -143,17 +145,27 @@ def render_tasks(calls: Sequence[ObservedCall], *, seed_query: str | None = None
             continue
         digest = int(hashlib.sha256(key.encode()).hexdigest(), 16)
         choices = _questions(how, values, restated[digest % len(restated)], results)
-        level, query, evidence = choices[(digest // len(restated)) % len(choices)]
+        pick = (digest // len(restated)) % len(choices)
+        ordered = [choices[pick]] + ([c for i, c in enumerate(choices) if i != pick] if all_renderings else [])
         if "expression" in values and operations(values["expression"]) == 1:
             results.setdefault(answer, (values["expression"], obs))
-        if seed_text is not None and _plain(query) == seed_text:
-            counts["seed_copies"] += 1
-            continue
-        if limit is not None and len(tasks) >= limit:
-            counts["over_limit"] += 1
-            continue
-        tasks.append(RenderedTask(query=query, answer=answer, evidence=f"{evidence}{obs.call} -> {result}",
-                                  call=obs.call, level=level))
+        own = []
+        for level, query, evidence in ordered:
+            if seed_text is not None and _plain(query) == seed_text:
+                counts["seed_copies"] += 1
+                continue
+            own.append(RenderedTask(query=query, answer=answer, evidence=f"{evidence}{obs.call} -> {result}",
+                                    call=obs.call, level=level))
+        per_call.append(own)
+    tasks: list[RenderedTask] = []
+    for round_index in range(max((len(own) for own in per_call), default=0)):
+        for own in per_call:
+            if round_index >= len(own):
+                continue
+            if limit is not None and len(tasks) >= limit:
+                counts["over_limit"] += 1
+                continue
+            tasks.append(own[round_index])
     counts["tasks_rendered"] = len(tasks)
     return Rendering(tasks=tasks, counts=dict(counts))
 
