@@ -187,7 +187,7 @@ def test_a_validation_only_run_trains_on_its_validation_tasks_and_generates_noth
     scripted_llm.respond_with(Roles())
     empty = ("task_manager.n=0", "task_manager.mixture.use_original_tasks=false",
              "task_manager.mixture.synthetic_data_ratio=1", "data.val_max_samples=3")
-    with pytest.raises(ConfigError, match="synthetic_tasks_path: .* does not exist"):
+    with pytest.raises(ConfigError, match=r"synthetic_tasks_path: .* does not exist"):
         build_task_datasets(*load_config(_overrides(codebox, scripted_llm, tmp_path, *empty)))
     train, val = build_task_datasets(*load_config(_overrides(codebox, scripted_llm, tmp_path, *empty,
                                                              "trainer.val_only=true")))

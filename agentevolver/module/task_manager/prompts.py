@@ -40,6 +40,14 @@ EXPLORER_TOOLS = """
 Tools of the environment (OpenAI function format):
 {schemas}"""
 
+#: Added to the explorer's instructions in a multi-seat environment (a game), at every step, naming the seat to
+#: move: the explorer plays every seat in turn, each in the view that seat has (its opening, what it saw).
+EXPLORER_SEAT = """
+
+This environment has several seats that take turns ({seats}); you play every one of them in turn. It is now \
+seat {seat}'s turn: act as {seat}. The conversation is what {seat} has seen so far; reply with {seat}'s \
+next action only."""
+
 SUMMARIZER_SYSTEM = "You turn records of an agent exploring an environment into training tasks for that agent."
 
 SUMMARIZER_USER = """\

@@ -4,7 +4,7 @@ Two jobs: (1) the explorer talks to an OpenAI-compatible server, so environment 
 ``user`` messages (a ``tool`` message whose call id no assistant ``tool_calls`` entry holds is rejected
 by some servers, and the explorer's calls are parsed from its text, so the server never sees call ids);
 (2) the summariser and the grader read a trajectory as one text block, each observation cut to
-``max_observation_chars``.
+``max_observation_chars``, each move of a multi-seat environment labelled with its seat.
 """
 
 from __future__ import annotations
@@ -58,8 +58,16 @@ def render_transcript(messages: Sequence[ChatMessage | Mapping[str, Any]], max_c
             content = truncate_text(content, max_chars)[0]
         elif message.tool_calls and not content.strip():
             content = _calls_text(message)  # the calls came as structured data, not in the text
-        blocks.append(f"[{_SPEAKER[message.role]}]\n{content.strip()}")
+        blocks.append(f"[{_speaker(message)}]\n{content.strip()}")
     return "\n\n".join(blocks)
+
+
+def _speaker(message: ChatMessage) -> str:
+    """Who wrote ``message``; a move of a multi-seat environment (an assistant message with ``name``, the seat
+    that made it) names its seat, so a record where one explorer played every seat reads as who did what."""
+    if message.role == "assistant" and message.name:
+        return f"agent as {message.name}"
+    return _SPEAKER[message.role]
 
 
 def _calls_text(message: ChatMessage, tagged: bool = False) -> str:

@@ -11,11 +11,14 @@ game's tasks) or ``<split>/<game>``. Protocol over the service's ordinary routes
 * ``/create`` -> the first mover's opening and observation (so a single-seat client can play as it plays any
   environment); ``/get_info`` -> ``game``: ``seats``, ``turn`` (None when over), ``openings`` (seat -> its
   opening messages), ``observation`` (what the seat to move sees now), ``legal_actions`` and ``bots`` (named
-  scripted moves) of the seat to move, ``scores`` (seat -> [0, 1]), ``over``, ``moves`` so far, ``summary``.
+  scripted moves) of the seat to move, ``scores`` (seat -> [0, 1]), ``over``, ``moves`` so far, ``summary``;
+  and ``seats``, ``turn`` and ``openings`` at the top level too, the keys by which any environment says seats take
+  turns in it (read by clients that are not game-specific: Self-Questioning's explorer plays every seat in turn).
 * ``/step`` with an assistant message whose ``name`` is the seat to move: its text is the move. The answer's
   ``state`` is what the *next* seat to move sees (the same seat again, with the reason, after an illegal move),
   ``info.turn`` names that seat, ``info.game`` repeats ``/get_info``'s facts but the openings; on the last move
-  ``is_terminated`` and ``info.game.scores``. ``RESIGN`` forfeits; an illegal move past
+  ``is_terminated``, ``info.game.scores`` and, as ``state``, how the game ended (the rules' ``outcome()``) with every
+  seat's score. ``RESIGN`` forfeits; an illegal move past
   ``params.illegal_retries`` (default 1) forfeits. With ``params.on_illegal: random`` an illegal move is
   replaced by a random legal one instead (the game always reaches its end, which a small model's early games
   otherwise rarely do) and costs its seat ``params.illegal_penalty`` (default 0.25) of its score (kept in
@@ -149,9 +152,10 @@ class GameEnv(BaseEnv):
         text = action.content or ""
         illegal = self._play(seat, text)
         info: dict[str, Any] = {"seat": seat, "turn": self.game.to_move(), "game": self._facts(openings=False)}
-        state: list[ChatMessage] = []
         following = self.game.to_move()
-        if following is not None:
+        if following is None:
+            state = [self._game_over()]
+        else:
             state = self.game.observation(following)
             if illegal is not None:
                 info["illegal"] = illegal.reason
@@ -162,6 +166,12 @@ class GameEnv(BaseEnv):
         if over and self.seed_query is not None:
             info["note"] = NOT_A_TASK
         return StepOutcome(state=state, reward=reward, is_terminated=over, info=info)
+
+    def _game_over(self) -> ChatMessage:
+        """The last step's observation: how the game ended and every seat's score, so that a record of the
+        game (an episode's, an exploration's) says who won, not only the moves that led there."""
+        scores = ", ".join(f"{seat} {score:g}" for seat, score in self.scores().items())
+        return ChatMessage(role="user", content=f"{self.game.outcome()}\nScores: {scores}.")
 
     def _play(self, seat: str, text: str) -> Illegal | None:
         """Apply one move (or a resignation); an illegal one past the retries forfeits."""
@@ -210,5 +220,17 @@ class GameEnv(BaseEnv):
         return (1.0 if score >= 1.0 else 0.0) if sparse else score
 
     def info(self) -> dict[str, Any]:
-        return {**super().info(), "game": self._facts(openings=True),
+        """``game`` (every fact, module docstring) and, at the top level, the seat keys any client of a
+        multi-seat environment reads without knowing it is a game (:meth:`seat_keys`)."""
+        game = self._facts(openings=True)
+        return {**super().info(), **self.seat_keys(game), "game": game,
                 **({"note": NOT_A_TASK} if self.seed_query is not None else {})}
+
+    @staticmethod
+    def seat_keys(game: dict[str, Any]) -> dict[str, Any]:
+        """``seats``, ``turn`` (None once over) and ``openings`` (seat -> its opening): how an environment says
+        that seats take turns in it. A client that plays whichever seat is to move - the task manager's
+        explorer (:class:`agentevolver.module.task_manager.exploration.Seating`) - needs them before the first
+        ``/step`` (which takes a move only with ``name`` = the seat to move) and each seat's own opening to act
+        in its view; every step's ``info.turn`` then names the next seat."""
+        return {key: game[key] for key in ("seats", "turn", "openings")}

@@ -16,7 +16,8 @@ To add a larger game (Avalon, Diplomacy) write one module with a subclass and re
   explains why (the environment nudges the seat, and after ``params.illegal_retries`` it forfeits);
 * ``forfeit(seat)`` ends the game with that seat losing; ``scores()`` one number per seat in [0, 1] once the
   game is over (Avalon: 1 for every member of the winning team); ``bots(seat)`` optional named scripted
-  moves the game itself knows how to make (``{"perfect": "MOVE: 5"}``).
+  moves the game itself knows how to make (``{"perfect": "MOVE: 5"}``); ``outcome()`` optional, how the game
+  ended in words (the last step's observation, so a record of the game says who won).
 
 Simultaneous moves (Diplomacy's orders) fit the same shape: ``to_move`` names one seat at a time and
 ``apply`` buffers its orders until the last seat of the phase has written, then resolves the phase.
@@ -96,6 +97,10 @@ class GameRules(ABC):
     def summary(self) -> dict[str, Any]:
         """Game-specific facts for the record (e.g. the winner, the final board)."""
         return {}
+
+    def outcome(self) -> str:
+        """How the finished game ended, in words (the environment adds every seat's score)."""
+        return "The game is over."
 
 
 #: game name -> rules class.

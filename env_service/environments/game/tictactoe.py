@@ -175,6 +175,14 @@ class TicTacToe(GameRules):
     def bots(self, seat: str) -> dict[str, str]:
         return {"perfect": f"MOVE: {perfect_move(self.cells, seat) + 1}"}
 
+    def outcome(self) -> str:
+        won = winner(self.cells)
+        if self.forfeited is not None:
+            how = f"{self.forfeited} forfeited"
+        else:
+            how = f"{won} wins with three in a row" if won else "a draw: the board is full"
+        return f"The game is over: {how}.\nBoard:\n{board_text(self.cells)}"
+
     def summary(self) -> dict[str, Any]:
         won = winner(self.cells)
         return {"board": "".join(self.cells), "winner": won, "forfeited": self.forfeited,
