@@ -33,11 +33,12 @@ from agentevolver.module.task_manager.deps import TaskManagerDeps
 from agentevolver.module.task_manager.eval_overlap import EvalQueries
 from agentevolver.module.task_manager.profile import load_profile
 from agentevolver.module.task_manager.proof import Observation, prove
+from agentevolver.schema import ChatMessage
 from agentevolver.schema.task_writing import ObservedCall
 from env_service.environments.calc import CalcEnv
 from env_service.environments.calc.task_writing import render_tasks
 from env_service.environments.calc.tasks import LEVELS, CalcTask, get_task, split_task_ids
-from env_service.errors import UnknownSplit
+from env_service.errors import EnvServiceError, UnknownSplit
 
 CALC = load_profile("calc")
 PRESET = "calc_self_questioning"
@@ -65,6 +66,25 @@ def test_calc_lists_one_exploration_seed_per_tool_that_plays_like_a_task_and_sco
     assert outcome.state[0].content.strip() == "42" and not outcome.is_terminated
     assert env.evaluate(sparse=False) == 0.0  # a seed has no answer: nothing is right
     assert env.info()["level"] == "seed"
+
+
+def test_explore_past_answers_keeps_a_seed_going_until_max_steps_and_a_task_still_ends_at_its_answer() -> None:
+    answer = ChatMessage(role="assistant", content="FINAL ANSWER: 42")
+    default = CalcEnv("explore-calculator", "i-1", {})
+    default.reset()
+    assert default.step(answer).is_terminated  # as a task: the answer ends it
+    seed = CalcEnv("explore-calculator", "i-2", {"explore_past_answers": True, "max_steps": 3})
+    seed.reset()
+    outcome = seed.step(answer)
+    assert not outcome.is_terminated and outcome.info["explore_on"] and "Call a tool again" in outcome.state[0].content
+    assert seed.step(_call_message("calculator", {"expression": "6 * 7"})).state[0].content.strip() == "42"
+    last = seed.step(answer)
+    assert last.is_terminated and last.info["reason"] == "max_steps" and last.reward == 0.0
+    task = CalcEnv(split_task_ids("train")[0], "i-3", {"explore_past_answers": True})
+    task.reset()
+    assert task.step(answer).is_terminated  # only seeds: a task's answer still ends its episode
+    with pytest.raises(EnvServiceError, match=r"params\.explore_past_answers must be true or false"):
+        CalcEnv("explore-calculator", "i-4", {"explore_past_answers": "yes"})
 
 
 def test_an_unknown_calc_split_names_the_seed_split_too() -> None:
@@ -293,6 +313,34 @@ def test_cli_writes_tasks_from_exploration_seeds_none_equal_to_an_eval_task_and_
     table = " ".join(result.stdout.split())
     assert re.search(r"equal to an eval task\W+0\W+of the written, compared with " + ", ".join(EVAL_SPLITS), table)
     assert "distinct; levels:" in table and "eval_overlap 4" in table
+
+
+def _answering_explorer(body: dict[str, Any]) -> str:
+    """An explorer that answers after every call (as SmolLM2 does): a call with new numbers, then FINAL ANSWER."""
+    messages = body["messages"]
+    start = max(i for i, m in enumerate(messages) if m["role"] == "user" and "Find out what the tool" in m["content"])
+    step = sum(1 for m in messages[start:] if m["role"] == "assistant")
+    if step % 2:
+        return "FINAL ANSWER: 5"
+    expression = f"{31 + 7 * step} * {3 + step}"
+    return f"<tool_call>\n{json.dumps({'name': 'calculator', 'arguments': {'expression': expression}})}\n</tool_call>"
+
+
+def test_exploration_params_reach_exploration_instances_only_and_keep_a_seed_exploring(
+        calc: str, scripted_llm: ScriptedOpenAIServer, tmp_path: Path) -> None:
+    scripted_llm.respond_with(_answering_explorer)
+    steps = {}
+    for name, extra in (("plain", []), ("on", ["+task_manager.exploration_params.explore_past_answers=true"])):
+        result = _cli(calc, scripted_llm, tmp_path / name, "task_manager.n=1", "task_manager.eval_splits=[]", *extra)
+        assert result.returncode == 0, result.stderr + result.stdout
+        summary = json.loads((tmp_path / name / "summary.json").read_text())
+        steps[name] = (summary["counts"]["explore_steps"], summary["counts"]["env_calls_seen"])
+    # 2 seeds: the answer ends each exploration after its one call; kept exploring, each runs its 6 steps
+    assert steps == {"plain": (4, 2), "on": (12, 6)}
+    _cfg, settings = load_config(["+task_manager.exploration_params.explore_past_answers=true"], config_name=PRESET)
+    deps = TaskManagerDeps(settings)
+    assert deps.exploration_params == {**deps.create_params, "explore_past_answers": True}
+    assert "explore_past_answers" not in deps.create_params  # what training episodes are created with
 
 
 def test_cli_another_explore_seed_writes_other_tasks(calc: str, scripted_llm: ScriptedOpenAIServer,

@@ -68,6 +68,12 @@ class TaskManagerDeps:
         return dict(self.settings.env_service.create_params)
 
     @property
+    def exploration_params(self) -> dict[str, Any]:
+        """``/create`` params of an exploration's instance: the run's, with ``task_manager.exploration_params``
+        over them (what only exploring asks of the environment, never a training episode)."""
+        return {**self.create_params, **self.section.exploration_params}
+
+    @property
     def synthetic_grader(self) -> str:
         """The grader synthetic tasks name: ``task_manager.grader.synthetic_grader``, where ``auto`` means
         ``reference`` when the profile declares that observations prove answers, else ``llm``."""

@@ -179,7 +179,7 @@ class RandomWalk(ExplorationStrategy):
     def explore(self, seed: Task, round_index: int) -> Trajectory:
         env = self.deps.env_client()
         tools = env.tools(seed.env_type) or []
-        created = env.create(seed.env_type, seed.task_id, params=self.deps.create_params)
+        created = env.create(seed.env_type, seed.task_id, params=self.deps.exploration_params)
         instance_id = created.info.instance_id
         try:
             opening = list(created.state)

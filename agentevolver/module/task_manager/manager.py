@@ -179,7 +179,7 @@ class TaskManager:
         return {
             "prompt_version": PROMPT_VERSION,
             "env_type": self.deps.env_type,
-            "create_params": self.deps.create_params,
+            "create_params": self.deps.exploration_params,
             "seeds": [s.model_dump(mode="json") for s in seeds],
             "strategy": section.strategy,
             "max_explore_step": section.max_explore_step,

@@ -16,6 +16,9 @@ Episode protocol:
     because that answer was written before the results were seen;
   - text containing ``FINAL ANSWER`` -> terminal; the number after it is the answer;
   - other text -> a ``user`` nudge, not terminal;
+  - on an exploration seed with ``params.explore_past_answers: true``, a ``FINAL ANSWER`` is not terminal
+    either: the agent is asked to call a tool again with other inputs (a seed has no answer, and each new
+    call is one more task the writer can render), so an exploration runs its ``max_steps``;
   - after ``params.max_steps`` (default 4) assistant messages the episode terminates regardless;
   - ``params.tool_delay_s`` (default 0, at most 30) seconds of wall time per tool call, spent before the
     results come back: the latency of a real tool (a search, a sandbox), so a trainer's overlap of rollout
@@ -54,12 +57,13 @@ from env_service.environments.calc.labels import label_episode
 from env_service.environments.calc.played_task import played_task
 from env_service.environments.calc.prompts import (
     DEFAULT_DEMOS,
+    EXPLORE_ON,
     MAX_DEMOS,
     NUDGE,
     SYSTEM_PROMPT,
     demonstrations,
 )
-from env_service.environments.calc.seeds import calc_task, seed_task_ids
+from env_service.environments.calc.seeds import SEED_LEVEL, calc_task, seed_task_ids
 from env_service.environments.calc.task_writing import render_tasks
 from env_service.environments.calc.tasks import SPLITS, CalcTask, parse_split, split_task_ids
 from env_service.environments.calc.tools import run_tool, tool_schemas
@@ -150,6 +154,11 @@ class CalcEnv(BaseEnv):
             raise EnvServiceError(f"params.sparse_reward must be true or false, got {sparse_reward!r}",
                                   field="params.sparse_reward")
         self.sparse_reward = sparse_reward
+        explore_on = params.get("explore_past_answers", False)
+        if not isinstance(explore_on, bool):
+            raise EnvServiceError(f"params.explore_past_answers must be true or false, got {explore_on!r}",
+                                  field="params.explore_past_answers")
+        self.explore_past_answers = explore_on and self.task.level == SEED_LEVEL  # a task's answer still ends it
         self.steps = 0
         self.terminated = False
         self.final_answer: float | None = None
@@ -173,6 +182,9 @@ class CalcEnv(BaseEnv):
         calls = read_tool_calls(action, self.steps)
         if calls.calls or calls.problems:
             state = self._answer_calls(calls, info)
+        elif has_final_answer(action.content) and self.explore_past_answers:
+            state = [ChatMessage(role="user", content=EXPLORE_ON)]
+            info["explore_on"] = True
         elif has_final_answer(action.content):
             self.answered = True
             self.final_answer = parse_final_answer(action.content)

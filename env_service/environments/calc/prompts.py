@@ -27,6 +27,13 @@ NUDGE = (
     "FINAL ANSWER: <number>."
 )
 
+#: The reply to a final answer on an exploration seed with ``params.explore_past_answers``: a seed has no
+#: answer, so the agent is sent back to the tools (new inputs: a new call is a new task to write).
+EXPLORE_ON = (
+    "Noted. There is no single answer to find here: keep exploring. Call a tool again with different "
+    "numbers or units than before."
+)
+
 # (question, tool name, arguments, tool result, final reply), in conversation order;
 # ``demonstrations(count)`` keeps the first ``count``. Chosen by measurement (docs/env_calc.md): every demo
 # uses the calculator, including the unit conversion, because a convert_units demo close to the question
