@@ -5,7 +5,7 @@
 # stops them at its end. The ablation started them once instead (the services launch below) and every
 # run reused them, as a launch reuses a service that already answers.
 set -euo pipefail
-cd /work/main
+cd /tmp/se_tree
 
 # shared services, held for the whole ablation (blocks until stopped):
 # /work/main/.venv/bin/python -m agentevolver.launcher --conf /tmp/se_tree/examples/calc_self_questioning.yaml --with-env --with-llm --target agentevolver.experiments.hold -- env_service.val_split=eval actor_rollout_ref.rollout.temperature=0.7 actor_rollout_ref.actor.optim.lr=2.0e-5 trainer.total_training_steps=12 trainer.test_freq=4 trainer.val_before_train=true trainer.save_freq=4 trainer.max_actor_ckpt_to_keep=1 'trainer.logger=[table,jsonl]' +actor_rollout_ref.rollout.engine_kwargs.hf.batch_invariant_greedy=true 'task_manager.post_filters=[]' actor_rollout_ref.actor.fsdp_config.mixed_precision.param_dtype=bf16 actor_rollout_ref.ref.fsdp_config.mixed_precision.param_dtype=bf16 actor_rollout_ref.rollout.dtype=bf16 trainer.experiment_name=self_evolution-services launcher.record_dir=/work/main/ablations/self_evolution/records
