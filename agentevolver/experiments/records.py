@@ -121,18 +121,17 @@ def read_records(run_dir: Path, step: int) -> list[TaskRecord]:
 
 def _read_compact(run_dir: Path) -> list[TaskRecord]:
     path = run_dir / COMPACT_FILE
-    return _parse(path, path.read_text(encoding="utf-8").splitlines(), None) if path.is_file() else []
+    return _parse(path, None) if path.is_file() else []
 
 
 def _read_dump(run_dir: Path, step: int) -> list[TaskRecord]:
-    path = run_dir / VALIDATION_DIR / f"{step}.jsonl"
-    return _parse(path, path.read_text(encoding="utf-8").splitlines(), step)
+    return _parse(run_dir / VALIDATION_DIR / f"{step}.jsonl", step)
 
 
-def _parse(path: Path, lines: list[str], step: int | None) -> list[TaskRecord]:
+def _parse(path: Path, step: int | None) -> list[TaskRecord]:
     """Records of a dump (``step``: its validation's step, where a line lacks one) or of the compact file."""
     records = []
-    for number, line in enumerate(lines, 1):
+    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
         if not line.strip():
             continue
         try:

@@ -98,6 +98,14 @@ def _int_param(params: dict[str, Any], key: str, default: int, low: int, high: i
     return value
 
 
+def _bool_param(params: dict[str, Any], key: str) -> bool:
+    """``params[key]`` as true or false (default false), or an error naming ``params.<key>``."""
+    value = params.get(key, False)
+    if not isinstance(value, bool):
+        raise EnvServiceError(f"params.{key} must be true or false, got {value!r}", field=f"params.{key}")
+    return value
+
+
 @register_env("calc")
 class CalcEnv(BaseEnv):
     """One episode of one ``calc`` task (see the module docstring for the protocol)."""
@@ -149,16 +157,9 @@ class CalcEnv(BaseEnv):
         self.max_steps = _int_param(params, "max_steps", DEFAULT_MAX_STEPS, 1, 50)
         self.num_demos = _int_param(params, "demos", DEFAULT_DEMOS, 0, MAX_DEMOS)
         self.tool_delay_s = _delay_param(params)
-        sparse_reward = params.get("sparse_reward", False)
-        if not isinstance(sparse_reward, bool):
-            raise EnvServiceError(f"params.sparse_reward must be true or false, got {sparse_reward!r}",
-                                  field="params.sparse_reward")
-        self.sparse_reward = sparse_reward
-        explore_on = params.get("explore_past_answers", False)
-        if not isinstance(explore_on, bool):
-            raise EnvServiceError(f"params.explore_past_answers must be true or false, got {explore_on!r}",
-                                  field="params.explore_past_answers")
-        self.explore_past_answers = explore_on and self.task.level == SEED_LEVEL  # a task's answer still ends it
+        self.sparse_reward = _bool_param(params, "sparse_reward")
+        # a task's answer still ends its episode: only a seed explores on
+        self.explore_past_answers = _bool_param(params, "explore_past_answers") and self.task.level == SEED_LEVEL
         self.steps = 0
         self.terminated = False
         self.final_answer: float | None = None

@@ -14,8 +14,9 @@ its observed result the answer and the call the evidence; the task manager still
 Of the questions a call can be written as, one is picked by a digest of the call, so the same call always
 reads the same (reproducible, and the dedup filter sees repeats as exact duplicates) while different calls
 spread over the levels. With ``all_renderings`` every question of a call is a task, round by round: first the
-digest pick of every call, then each call's next question, and so on, so a ``limit`` keeps the spread. Expressions are written with one space around each binary operator
-(:func:`format_expression`), unit symbols as words ("km" -> "kilometers"). What gives no task is counted:
+digest pick of every call, then each call's next question, and so on, so a ``limit`` keeps the spread.
+Expressions are written with one space around each binary operator (:func:`format_expression`), unit symbols
+as words ("km" -> "kilometers"). What gives no task is counted:
 
 * ``calls_failed``: the tool returned an error (a result starting with ``Error``) or not exactly one number;
 * ``calls_not_rendered``: a tool with no question here, or a call lacking an argument its question needs;
@@ -157,15 +158,11 @@ def render_tasks(calls: Sequence[ObservedCall], *, seed_query: str | None = None
             own.append(RenderedTask(query=query, answer=answer, evidence=f"{evidence}{obs.call} -> {result}",
                                     call=obs.call, level=level))
         per_call.append(own)
-    tasks: list[RenderedTask] = []
-    for round_index in range(max((len(own) for own in per_call), default=0)):
-        for own in per_call:
-            if round_index >= len(own):
-                continue
-            if limit is not None and len(tasks) >= limit:
-                counts["over_limit"] += 1
-                continue
-            tasks.append(own[round_index])
+    rounds = max((len(own) for own in per_call), default=0)
+    every = [own[index] for index in range(rounds) for own in per_call if index < len(own)]
+    tasks = every if limit is None else every[:limit]
+    if len(every) > len(tasks):
+        counts["over_limit"] += len(every) - len(tasks)
     counts["tasks_rendered"] = len(tasks)
     return Rendering(tasks=tasks, counts=dict(counts))
 
