@@ -353,6 +353,37 @@ def test_the_services_holder_lets_go_when_the_ablation_is_gone(tmp_path: Path) -
     assert (tmp_path / READY_FILE).is_file()
 
 
+def test_a_failed_run_gets_fresh_shared_services_before_the_next_run(tmp_path: Path) -> None:
+    """A run that dies leaves its env instances live in the shared services (issue 43: the next run's
+    validation was refused a fifth of its instances): the runner restarts the services before the next run.
+    The services launch is a stand-in that counts its starts; the runs are real processes that fail."""
+    (tmp_path / "examples" / "ablation").mkdir(parents=True)
+    (tmp_path / "examples" / "preset.yaml").write_text(QUICKSTART.read_text())
+    ablation = tmp_path / "examples" / "ablation" / "t.yaml"
+    ablation.write_text(yaml.safe_dump({"name": "t", "conf": "../preset.yaml", "services": ["env"],
+                                        "arms": {"a": {}, "b": {}, "c": {}}}))
+    spec = load_spec(ablation)
+    plan = plan_ablation(spec, ablation, parse_arms(spec, None), [0], tmp_path / "abl", [])
+    starts, ready = tmp_path / "starts.txt", plan.hold_record / READY_FILE
+    plan.hold_argv = [sys.executable, "-c", (
+        "import pathlib, signal, sys, time\n"
+        f"pathlib.Path({str(starts)!r}).open('a').write('start\\n')\n"
+        f"ready = pathlib.Path({str(ready)!r}); ready.parent.mkdir(parents=True, exist_ok=True); ready.touch()\n"
+        "signal.signal(signal.SIGINT, lambda *_: sys.exit(0))\n"
+        "time.sleep(600)\n")]
+    plan.runs[0].argv = [sys.executable, "-c", "import sys; sys.exit(3)"]  # a fails
+    plan.runs[1].argv = [sys.executable, "-c", "pass"]  # b ends well (no step count composed: done), c fails last
+    plan.runs[2].argv = plan.runs[0].argv
+    console = io.StringIO()
+    code = Runner(plan, Console(file=console, width=300)).run()
+    out = console.getvalue()
+    assert code == 1, out
+    assert "a/seed0 failed: restarting the shared services" in out, out
+    # started once, then again after a; not after b (done) nor after c (no run after it)
+    assert starts.read_text().splitlines() == ["start"] * 2, out
+    assert "b/seed0: done" in out and "c/seed0 failed: restarting" not in out
+
+
 # -- end to end ---------------------------------------------------------------------------------------------
 
 def _state(run_dir: Path) -> dict:

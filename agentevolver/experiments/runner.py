@@ -11,7 +11,9 @@
 
 Ctrl-C (or SIGTERM) is forwarded to the running launch as a Ctrl-C (a second one hurries it), then the
 services launch is stopped the same way; the interrupted run is redone (resumed) by the next invocation.
-A run that fails is recorded and the ablation goes on with the next one; the exit status is then 1.
+A run that fails is recorded and the ablation goes on with the next one, on freshly started shared services
+(what the failed run left in them, e.g. live env instances, would reach the next run); the exit status is
+then 1.
 """
 
 from __future__ import annotations
@@ -90,6 +92,8 @@ class Runner:
                         raise _Interrupted
                     if code != 0:
                         failed.append(run.key)
+                        if index < len(todo):
+                            self.restart_services(run)
             except _Interrupted:
                 signum = self.signals.received or signal.SIGINT
                 self.stop_services()
@@ -128,6 +132,23 @@ class Runner:
             time.sleep(_POLL_S)
         self.say("shared services ready: " + ", ".join(f"{name} {url}" for name, url in
                                                         self.plan.hold_health_urls.items()))
+
+    def restart_services(self, failed: RunPlan) -> None:
+        """Fresh shared services before the next run, after ``failed`` ended badly.
+
+        Why: a run that dies (killed for memory, a crash) leaves its state in the services it shared. Its
+        episodes' env instances stay live until the env service's idle reaper frees them (an hour by default),
+        holding slots of the service's cap: the next run's validation then had a fifth of its episodes refused
+        (``too_many_instances``) and scored them as failures (issue 43: a run validated 18.5% where every other
+        seed's untrained model scored 36.0%). Runs share the services one after another, so nothing else holds
+        them.
+        """
+        if self.services is None:
+            return
+        self.say(f"{failed.key} failed: restarting the shared services, so that nothing it left in them (live env "
+                 "instances, queued requests) reaches the next run", "bold yellow")
+        self.stop_services()
+        self.start_services()
 
     def stop_services(self) -> None:
         if self.services is None:
