@@ -239,6 +239,7 @@ async def test_a_call_that_extends_the_last_one_is_the_same_sample_token_for_tok
     # the agent loop's output has the same shape as an agent-flow episode's
     output = to_agent_loop_output(result, tokenizer(), 1024)
     assert output.response_ids == sample.response_ids and output.extra_fields["other_samples"] == []
+    assert output.extra_fields["reward_extra_info"]["failed"] == 0.0
     assert all(call["request_id"] == first["request_id"] for call in policy.calls)  # one server per episode
 
 
@@ -292,6 +293,7 @@ async def test_a_faulty_program_fails_its_episode_alone(env: EnvClient, program:
     assert result.error and result.reward.outcome == 0.0
     output = to_agent_loop_output(result, tokenizer(), 1024)
     assert output.extra_fields["failure"] == "program"  # the trainer keeps it out of the update
+    assert output.extra_fields["reward_extra_info"]["failed"] == 1.0  # validation's failed/mean@k counts it
     # the environment instance was released in every case
     info = httpx.get(f"{env.settings.env_url}/healthz").status_code
     assert info == 200

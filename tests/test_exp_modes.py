@@ -176,6 +176,7 @@ def test_exist_train_update_adds_to_the_existing_memory(env, memory, summariser,
     metrics = read_metrics(tmp_path / "run" / "metrics.jsonl")[1]
     assert metrics["exp/summary_submitted"] >= 1 and metrics["exp/injected_share"] == 0.5
     assert metrics["val-aux/lottery/experience/mean@1"] == 0.0  # val_rollout_mode woexp
+    assert metrics["val-aux/lottery/failed/mean@1"] == 0.0  # no service failed (the ablation report reads it)
     assert metrics["val-exp_all-aux/lottery/experience/mean@1"] == 1.0  # the second pass: every episode
     assert "val-core/lottery/acc/mean@1" in metrics and "val-exp_all-core/lottery/acc/mean@1" in metrics
     # verl's generation dumps of the two passes, one file each (the second pass's in its own folder)

@@ -180,8 +180,9 @@ def test_report_table_curves_and_commands(tmp_path: Path) -> None:
               machine={"cpu": "Some Xeon", "cores": 2, "bf16": "amx_bf16"})
     _fake_run(grpo1.run_dir, {0: (0.5, 0.6), 2: (0.8, 0.9)}, 900)
     _fake_run(sa0.run_dir, {0: (0.4, 0.5), 2: (0.9, 1.0)}, 1200)
-    sa1.run_dir.mkdir(parents=True)  # unfinished: one validation so far
-    (sa1.run_dir / "metrics.jsonl").write_text(json.dumps({"step": 0, "val-core/calc/acc/mean@4": 0.3}) + "\n")
+    sa1.run_dir.mkdir(parents=True)  # unfinished: one validation so far, where the env service refused episodes
+    (sa1.run_dir / "metrics.jsonl").write_text(json.dumps({"step": 0, "val-core/calc/acc/mean@4": 0.3,
+                                                           "val-aux/calc/failed/mean@4": 0.185}) + "\n")
 
     results = write_report(plan, "python -m agentevolver.experiments ablation --conf x")
     assert [r.status for r in results] == ["done", "done", "done", "new"]
@@ -194,6 +195,9 @@ def test_report_table_curves_and_commands(tmp_path: Path) -> None:
     assert "| sa | 1/2 | 40.0 | 90.0 | +50.0 | 90.0 / 100.0 | 20.0 min | policy: tiny-test; env: calc; reward: " \
            "env calc; judge: qwen (remote) |" in readme
     assert "avg@4 before" in readme and "## Validation success on `calc` (%)" in readme
+    # a validation with episodes a service ended is named (its score is not the model's alone); the others are not
+    assert "- **sa/seed1**: step 0: calc 18.5% of the validation episodes ended by a service failure" in readme
+    assert readme.count("of the validation episodes ended by a service failure") == 1
     assert "| sa | 1 | new | 0 | calc: 30.0 → — | — | not recorded |" in readme
     assert "| grpo | 0 | done | 2 | calc: 50.0 → 60.0 | 10.0 min | Some Xeon, 2 cores, amx_bf16 |" in readme
     png = (plan.out / "curves.png").read_bytes()

@@ -80,6 +80,9 @@ class RunResult:
     #: The final validation's per-sample records (``<run dir>/validation/<final step>.jsonl``); [] when the run
     #: is unfinished or wrote none.
     records: list[TaskRecord] = field(default_factory=list)
+    #: step -> env -> the share of that validation's episodes a service failure ended (``failed/mean@k``), only
+    #: where it is above 0: verl scores them as failed tasks, so that step's score is not the model's alone.
+    validation_failures: dict[int, dict[str, float]] = field(default_factory=dict)
 
     def before(self, env: str) -> float | None:
         return self.avg.get(env, {}).get(0)
@@ -158,7 +161,8 @@ def collect(plan: AblationPlan) -> list[RunResult]:
                                  compared=_final_compared(metrics, run.total_steps),
                                  tasks=_last_logged(metrics, "tasks/"), machines=state.machines(),
                                  records=read_records(run.run_dir, run.total_steps)
-                                 if done and run.total_steps is not None else []))
+                                 if done and run.total_steps is not None else [],
+                                 validation_failures=_validation_failures(metrics)))
     return results
 
 
@@ -177,6 +181,28 @@ def _step_mean(metrics: dict[int, dict[str, float | None]], key: str) -> float |
 
 
 _VAL_EXPERIENCE = re.compile(r"^val-aux/(?P<env>.+)/experience/mean@\d+$")
+_VAL_FAILED = re.compile(r"^val-aux/(?P<env>.+)/failed/mean@\d+$")
+
+
+def _validation_failures(metrics: dict[int, dict[str, float | None]]) -> dict[int, dict[str, float]]:
+    """step -> env -> share of validation episodes ended by a service failure, where above 0."""
+    out: dict[int, dict[str, float]] = {}
+    for step, line in metrics.items():
+        for key, value in line.items():
+            if value and (m := _VAL_FAILED.match(key)):
+                out.setdefault(step, {})[m["env"]] = float(value)
+    return out
+
+
+def failure_notes(results: list[RunResult]) -> list[str]:
+    """One line per run whose validation had episodes a service failure ended (their tasks scored as failed)."""
+    notes = []
+    for r in results:
+        if r.validation_failures:
+            where = "; ".join(f"step {step}: " + ", ".join(f"{env} {share:.1%}" for env, share in sorted(envs.items()))
+                              for step, envs in sorted(r.validation_failures.items()))
+            notes.append(f"- **{r.run.key}**: {where} of the validation episodes ended by a service failure")
+    return notes
 
 
 def _final_experience(metrics: dict[int, dict[str, float | None]], final: int | None) -> dict[str, float]:
@@ -455,6 +481,11 @@ def render_markdown(plan: AblationPlan, results: list[RunResult], command_line: 
         lines += _table(["arm", "runs", f"avg@{k} before", f"avg@{k} after", "Δ", f"avg@{k} / best@{k} after",
                          "wall time / run", "roles"], arm_rows(plan, results, env))
         lines.append("")
+        failures = failure_notes(results)
+        if failures:
+            lines += ["**Validation with failed episodes.** An episode a service ended (e.g. the env service "
+                      "refused its instance) is scored as a failed task, so these numbers are not the model's "
+                      "alone: delete the run's folder and run it again.", "", *failures, ""]
         paired = paired_rows(plan, results, env)
         if paired:
             lines += [f"### Against the baseline, seed by seed (points of avg@{k} after)", "",

@@ -243,8 +243,11 @@ def to_agent_loop_output(result: EpisodeResult, tokenizer: Any, response_length:
         # experience/mean@k is the share of validation episodes that ran with experience (Self-Navigating).
         # task_id (a string: verl's metrics skip it) names the task in verl's per-sample validation dump
         # (trainer.validation_data_dir), which the ablation report pairs task by task (agentevolver.experiments.records).
+        # failed/mean@k is the share of validation episodes a service failure ended: verl scores them as failed
+        # tasks, so the ablation report names every run whose validation had any (its score is not the model's).
         "reward_extra_info": {"acc": result.reward.success_rate, "outcome": result.reward.outcome,
                               "experience": float(result.metrics.get("exp/injected", 0.0)),
+                              "failed": 0.0 if result.failure is None else 1.0,
                               "task_id": result.task_id},
     }
     return AgentLoopOutput(
