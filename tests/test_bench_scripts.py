@@ -36,3 +36,13 @@ def test_allocator_bench_runs_small() -> None:
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     for text in ("update", "default", "glibc-tuned", "wall vs default", "load"):
         assert text in done.stdout, done.stdout
+
+
+def test_omp_wait_policy_bench_runs_small() -> None:
+    """bench/omp_wait_policy.py: both workloads under both policies in fresh processes, tiny-test, one copy."""
+    done = subprocess.run([sys.executable, str(REPO_ROOT / "bench" / "omp_wait_policy.py"), "--repeats", "1",
+                           "--model", "tiny-test", "--together", "1"],
+                          cwd=REPO_ROOT, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    for text in ("decode", "update", "default", "passive", "vs default", "load"):
+        assert text in done.stdout, done.stdout
