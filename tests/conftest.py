@@ -12,7 +12,7 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 # Two xdist workers (and each training test's Ray processes and services) compute side by side on a few cores.
 # torch's OpenMP threads busy-wait between parallel regions by default, holding a core another process's
-# thread needs: beside one other computing process the CPU generator's decode ran 14-16x slower
+# thread needs: two CPU generators decoding at once ran 3.4x slower, and one beside a running ablation 16x
 # (bench/omp_wait_policy.py, docs/benchmarks.md). Idle threads sleep instead. Set before anything imports
 # torch (libgomp reads it when it loads); the test's children (Ray workers, services) inherit it.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")

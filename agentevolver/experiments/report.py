@@ -194,13 +194,14 @@ def _validation_failures(metrics: dict[int, dict[str, float | None]]) -> dict[in
     return out
 
 
-def failure_notes(results: list[RunResult]) -> list[str]:
-    """One line per run whose validation had episodes a service failure ended (their tasks scored as failed)."""
+def failure_notes(results: list[RunResult], env: str) -> list[str]:
+    """One line per run whose validation on ``env`` had episodes a service failure ended (their tasks scored as
+    failed), for that environment's section of the report."""
     notes = []
     for r in results:
-        if r.validation_failures:
-            where = "; ".join(f"step {step}: " + ", ".join(f"{env} {share:.1%}" for env, share in sorted(envs.items()))
-                              for step, envs in sorted(r.validation_failures.items()))
+        steps = [(step, envs[env]) for step, envs in sorted(r.validation_failures.items()) if env in envs]
+        if steps:
+            where = "; ".join(f"step {step}: {env} {share:.1%}" for step, share in steps)
             notes.append(f"- **{r.run.key}**: {where} of the validation episodes ended by a service failure")
     return notes
 
@@ -481,7 +482,7 @@ def render_markdown(plan: AblationPlan, results: list[RunResult], command_line: 
         lines += _table(["arm", "runs", f"avg@{k} before", f"avg@{k} after", "Δ", f"avg@{k} / best@{k} after",
                          "wall time / run", "roles"], arm_rows(plan, results, env))
         lines.append("")
-        failures = failure_notes(results)
+        failures = failure_notes(results, env)
         if failures:
             lines += ["**Validation with failed episodes.** An episode a service ended (e.g. the env service "
                       "refused its instance) is scored as a failed task, so these numbers are not the model's "
