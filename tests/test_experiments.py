@@ -248,6 +248,7 @@ def test_report_compares_each_arm_with_its_baseline_seed_by_seed(tmp_path: Path)
             (run.run_dir / "metrics.jsonl").write_text("\n".join(lines) + "\n")
         if run.arm == "sq" and run.seed < 2:  # the generation funnel, logged with step 1 (seed 2: none logged)
             funnel = {"step": 1, "tasks/explorations": 16.0, "tasks/explorations_failed": float(run.seed),
+                      "tasks/explorations_without_tool_calls": 2.0 * run.seed,
                       "tasks/proposed": 5.0, "tasks/written": 4.0, "tasks/train": 12.0, "tasks/train_synthetic": 4.0,
                       "tasks/rejected": 12.0, "tasks/rejected/env_seed_copies": 9.0,
                       "tasks/rejected/exact_duplicate": 1.0, "tasks/rejected/answer_answer_in_query": 2.0}
@@ -272,7 +273,7 @@ def test_report_compares_each_arm_with_its_baseline_seed_by_seed(tmp_path: Path)
     assert "## Self-Questioning: synthetic tasks per run" in readme
     assert ("| sq | 0 | 16 | 5 | 4 | 4 of 12 | 12 | env_seed_copies 9, answer_answer_in_query 2, exact_duplicate 1 |"
             in readme)
-    assert "| sq | 1 | 16 (1 failed) | 5 | 4 |" in readme and "| sq | 2 |" not in readme.split("## Runs")[0]
+    assert "| sq | 1 | 16 (1 failed, 2 without a tool call) | 5 | 4 |" in readme and "| sq | 2 |" not in readme.split("## Runs")[0]
     sq_runs = [r for r in json.loads((plan.out / "summary.json").read_text())["runs"] if r["arm"] == "sq"]
     assert [r["tasks"].get("tasks/written") for r in sq_runs] == [4.0, 4.0, None]
     with pytest.raises(ConfigError, match="baseline: no arm 'nope'"):

@@ -29,7 +29,11 @@ from agentevolver.module.task_manager import (
     read_objectives,
     write_objectives,
 )
-from agentevolver.module.task_manager.checkpoint import ExplorationRecord, GenerationCheckpoint
+from agentevolver.module.task_manager.checkpoint import (
+    ExplorationRecord,
+    GenerationCheckpoint,
+    explorations_log_path,
+)
 from agentevolver.module.task_manager.deps import TaskManagerDeps
 from agentevolver.module.task_manager.filters import DedupFilter
 from agentevolver.module.task_manager.manager import _batches
@@ -309,6 +313,13 @@ def test_checkpoint_round_trips_and_ignores_other_inputs(tmp_path: Path) -> None
     assert changed.status == "inputs changed" and not changed.explorations
     path.write_text("{broken")
     assert GenerationCheckpoint.open(path, "d1", "v1").status == "unreadable"
+
+
+def test_the_explorations_log_lies_beside_the_checkpoint() -> None:
+    assert explorations_log_path("runs/q/synthetic_tasks.checkpoint.json") == Path(
+        "runs/q/synthetic_tasks.explorations.jsonl")
+    assert explorations_log_path("/x/ck.json") == Path("/x/ck.explorations.jsonl")
+    assert explorations_log_path("/x/.checkpoint.json") == Path("/x/.checkpoint.explorations.jsonl")
 
 
 # ---------------------------------------------------------------------------------------------------- graders

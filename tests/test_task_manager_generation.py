@@ -147,7 +147,9 @@ def test_generation_masks_the_query_retries_bad_json_and_drops_duplicates(
     assert rates["feasibility_rate"] == pytest.approx(7 / 9)
     # the same funnel as tasks/* metrics (the trainer logs them, the ablation report reads them)
     assert report.metrics() == {
-        "tasks/explorations": 6.0, "tasks/explorations_failed": 0.0, "tasks/proposed": 18.0, "tasks/written": 7.0,
+        "tasks/explorations": 6.0, "tasks/explorations_failed": 0.0,
+        "tasks/explorations_without_tool_calls": 6.0,  # the scripted explorer runs code from a fence, not a tool call
+        "tasks/proposed": 18.0, "tasks/written": 7.0,
         "tasks/distinct": 5.0, "tasks/eval_overlap": 0.0,  # dedup is per seed: 2 of the 7 repeat another seed's task
         "tasks/rejected": 11.0 + c["summary_rejected_items"], "tasks/rejected/exact_duplicate": 3.0,
         "tasks/rejected/near_duplicate": 6.0, "tasks/rejected/post_filter": 2.0,
@@ -155,6 +157,15 @@ def test_generation_masks_the_query_retries_bad_json_and_drops_duplicates(
 
     written = read_objectives(tmp_path / "tasks.jsonl")
     assert written == report.objectives and len(written) == c["tasks_written"] == 7
+    # every exploration in the explorations log beside the checkpoint: what the explorer said, what it kept
+    logged = [json.loads(line) for line in (tmp_path / "checkpoint.explorations.jsonl").read_text().splitlines()]
+    assert sorted(e["key"] for e in logged) == sorted(f"{s.task_id}#{r}" for s in seeds for r in range(2))
+    for entry in logged:
+        replies = [m["content"] for m in entry["trajectory"]["messages"] if m["role"] == "assistant"]
+        assert len(replies) == 2 and all("print(sum(range(10)))" in reply for reply in replies)
+        assert entry["counts"]["explore_tool_calls"] == 0 and entry["counts"]["explore_without_tool_calls"] == 1
+        assert entry["trajectory"]["metadata"]["tools_offered"] > 0
+    assert sum(len(e["tasks"]) for e in logged) == sum(e["counts"]["objectives_kept"] for e in logged) == 9
     assert not any("returns 2 plus" in o.task.query or "returns 4 plus" in o.task.query for o in written)
     for seed in seeds:
         mine = [o.task.query for o in written if o.seed_task_id == seed.task_id]
@@ -237,6 +248,13 @@ def test_resume_skips_finished_work_and_changed_inputs_start_afresh(
     changed, _, _ = _generate(codebox, scripted_llm, tmp_path, *small[:2], "task_manager.max_explore_step=2")
     assert changed.checkpoint_status == "inputs changed" and changed.counts["explorations_run"] == 1
     assert roles.calls["explorer"] == 1 + 1 + 2
+    # the explorations log holds each exploration run, once: resumed ones are not logged again
+    log = tmp_path / "checkpoint.explorations.jsonl"
+    assert [json.loads(line)["round"] for line in log.read_text().splitlines()] == [0, 1, 0]
+    log.unlink()
+    _generate(codebox, scripted_llm, tmp_path, *small[:2], "task_manager.max_explore_step=3",
+              "task_manager.save_explorations=false")
+    assert not log.exists()
 
 
 def test_explorations_of_different_seeds_run_concurrently(

@@ -103,6 +103,7 @@ class TaskManagerSection(_Section):
     dedup: DedupSection
     synthetic_tasks_path: str = Field(min_length=1)
     checkpoint_path: str = Field(min_length=1)
+    save_explorations: bool
     mixture: MixtureSection
     grader: GraderSection
 

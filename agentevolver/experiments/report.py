@@ -359,8 +359,10 @@ def synthetic_rows(results: list[RunResult]) -> list[list[str]]:
         reasons = {key.removeprefix("tasks/rejected/"): value for key, value in tasks.items()
                    if key.startswith("tasks/rejected/")}
         failed = tasks.get("tasks/explorations_failed", 0)
+        toolless = tasks.get("tasks/explorations_without_tool_calls", 0)  # absent in runs from before it was logged
+        notes = ([f"{failed:.0f} failed"] if failed else []) + ([f"{toolless:.0f} without a tool call"] if toolless else [])
         rows.append([r.run.arm, str(r.run.seed),
-                     f"{tasks.get('tasks/explorations', 0):.0f}" + (f" ({failed:.0f} failed)" if failed else ""),
+                     f"{tasks.get('tasks/explorations', 0):.0f}" + (f" ({', '.join(notes)})" if notes else ""),
                      f"{tasks.get('tasks/proposed', 0):.0f}", f"{tasks['tasks/written']:.0f}",
                      f"{tasks.get('tasks/train_synthetic', 0):.0f} of {tasks.get('tasks/train', 0):.0f}",
                      f"{tasks.get('tasks/rejected', 0):.0f}",

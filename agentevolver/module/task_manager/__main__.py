@@ -175,7 +175,9 @@ def summary_table(report: GenerationReport, seeds: int) -> Table:
     table.add_row("task writer", "", report.writer or "-")
     table.add_row("explorations", str(c["explorations_planned"]),
                   f"{c['explorations_run']} run now, {c['explorations_resumed']} resumed "
-                  f"({report.checkpoint_status}), {failed_explorations} failed; {c['explore_steps']} env steps")
+                  f"({report.checkpoint_status}), {failed_explorations} failed; {c['explore_steps']} env steps, "
+                  f"{c['explore_tool_calls']} tool calls; {c['explore_without_tool_calls']} exploration(s) made "
+                  "no tool call")
     reasks = rates["reasks_per_exploration"]
     if report.writer.startswith("env") and not c["summary_replies"]:
         table.add_row("tasks rendered by env", str(c["env_tasks_rendered"]),

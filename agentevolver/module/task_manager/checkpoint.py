@@ -21,9 +21,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from agentevolver.schema import TaskObjective
+from agentevolver.schema import TaskObjective, Trajectory
 
-__all__ = ["CHECKPOINT_VERSION", "ExplorationRecord", "GenerationCheckpoint", "atomic_write_text", "inputs_digest"]
+__all__ = ["CHECKPOINT_VERSION", "ExplorationRecord", "GenerationCheckpoint", "atomic_write_text", "explorations_log_path",
+           "inputs_digest"]
 
 logger = logging.getLogger(__name__)
 
@@ -44,6 +45,8 @@ class ExplorationRecord:
     round: int
     objectives: list[TaskObjective]
     counts: dict[str, int] = field(default_factory=dict)
+    #: the exploration itself, for the explorations log (:func:`explorations_log_path`); not checkpointed
+    trajectory: Trajectory | None = field(default=None, compare=False, repr=False)
 
     def to_json(self) -> dict[str, Any]:
         return {"key": self.key, "seed_task_id": self.seed_task_id, "round": self.round,
@@ -96,6 +99,16 @@ class GenerationCheckpoint:
         data = {"version": CHECKPOINT_VERSION, "digest": self.digest, "verdict_digest": self.verdict_digest,
                 "explorations": [r.to_json() for r in self.explorations.values()], "verdicts": self.verdicts}
         atomic_write_text(self.path, json.dumps(data, ensure_ascii=False))
+
+
+def explorations_log_path(checkpoint_path: str | Path) -> Path:
+    """Where ``task_manager.save_explorations`` writes the explorations (JSON lines), beside the checkpoint:
+    ``calc.checkpoint.json`` -> ``calc.explorations.jsonl``, any other name ``<stem>.explorations.jsonl``.
+    Derived, not configured, so each run folder that holds a checkpoint holds its explorations too."""
+    path = Path(checkpoint_path)
+    suffix = ".checkpoint.json"
+    base = path.name[: -len(suffix)] if path.name.endswith(suffix) and len(path.name) > len(suffix) else path.stem
+    return path.with_name(f"{base}.explorations.jsonl")
 
 
 def atomic_write_text(path: Path, text: str) -> None:

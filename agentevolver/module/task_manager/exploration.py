@@ -195,7 +195,7 @@ class RandomWalk(ExplorationStrategy):
         finally:
             env.release(instance_id)
         metadata: dict[str, Any] = {"query_index": query_index, "opening_len": len(opening), "focus": focus,
-                                    "opening": start}
+                                    "opening": start, "tools_offered": len(tools)}
         if seating.seats:
             metadata["seats"] = seating.seats
         return Trajectory(

@@ -16,6 +16,7 @@ resume); an exploration whose environment or LLM failed is *not* recorded, so th
 from __future__ import annotations
 
 import importlib
+import json
 import logging
 from collections import Counter
 from collections.abc import Callable, Sequence
@@ -29,7 +30,12 @@ from agentevolver.client.llm_client import LLMClients
 from agentevolver.config.schema import AgentEvolverSettings
 from agentevolver.embedders import EMBEDDERS, normalize_text
 from agentevolver.errors import ConfigError, LLMError
-from agentevolver.module.task_manager.checkpoint import ExplorationRecord, GenerationCheckpoint, inputs_digest
+from agentevolver.module.task_manager.checkpoint import (
+    ExplorationRecord,
+    GenerationCheckpoint,
+    explorations_log_path,
+    inputs_digest,
+)
 from agentevolver.module.task_manager.deps import ROLE_EXPLORER, ROLE_SUMMARIZER, TaskManagerDeps
 from agentevolver.module.task_manager.env_writer import EnvWriter
 from agentevolver.module.task_manager.eval_overlap import overlap
@@ -133,6 +139,7 @@ class GenerationReport:
         rejected["post_filter"] = c["judged"] - c["judged_kept"]
         metrics = {"tasks/explorations": c["explorations_planned"],
                    "tasks/explorations_failed": self.failed_explorations(),
+                   "tasks/explorations_without_tool_calls": c["explore_without_tool_calls"],
                    "tasks/proposed": c["objectives_proposed"], "tasks/written": c["tasks_written"],
                    "tasks/distinct": c["tasks_distinct"], "tasks/rejected": sum(rejected.values())}
         metrics.update({f"tasks/rejected/{reason}": n for reason, n in rejected.items() if n})
@@ -270,6 +277,7 @@ class TaskManager:
                     else:
                         self._keep(record, realtime, checkpoint)
                         checkpoint.save()
+                        self._log_exploration(record)
                         report.counts["explorations_run"] += 1
                     done += 1
                     if progress:
@@ -280,8 +288,14 @@ class TaskManager:
         """One exploration and its summary (runs in a worker thread)."""
         trajectory = strategy.explore(seed, round_index)
         summary = summarizer.summarize(seed, trajectory)
+        opening = int(trajectory.metadata.get("opening_len", 0))
+        tool_calls = sum(len(m.tool_calls or []) for m in trajectory.messages[opening:] if m.role == "assistant")
         counts = {
             "explore_steps": trajectory.num_steps,
+            # the tool calls the explorer made; an exploration of an environment with tools that made none
+            # (text only: no call the writer could render) is counted apart (text-action environments are not)
+            "explore_tool_calls": tool_calls,
+            "explore_without_tool_calls": int(tool_calls == 0 and bool(trajectory.metadata.get("tools_offered"))),
             "summary_replies": summary.replies,
             "summary_unparsed_replies": summary.unparsed_replies,
             "summary_structured_replies": summary.structured_replies,
@@ -296,7 +310,26 @@ class TaskManager:
             logger.info("exploration %s: no summary reply parsed (%s)", exploration_key(seed.task_id, round_index),
                         "; ".join(summary.errors))
         return ExplorationRecord(key=exploration_key(seed.task_id, round_index), seed_task_id=seed.task_id,
-                                 round=round_index, objectives=summary.objectives, counts=counts)
+                                 round=round_index, objectives=summary.objectives, counts=counts,
+                                 trajectory=trajectory)
+
+    def _log_exploration(self, record: ExplorationRecord) -> None:
+        """Append the finished exploration to the explorations log (``task_manager.save_explorations``): what the
+        explorer said and called, what the environment answered, the writer's counters and the tasks kept, so
+        why an exploration wrote nothing can be read afterwards (the checkpoint keeps only counters and tasks).
+        A log that cannot be written is a warning: the generation goes on."""
+        if not self.section.save_explorations or record.trajectory is None:
+            return
+        path = explorations_log_path(self.section.checkpoint_path)
+        line = {"key": record.key, "seed_task_id": record.seed_task_id, "round": record.round,
+                "counts": record.counts, "tasks": [o.task.query for o in record.objectives],
+                "trajectory": record.trajectory.model_dump(mode="json")}
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            with path.open("a", encoding="utf-8") as handle:
+                handle.write(json.dumps(line, ensure_ascii=False) + "\n")
+        except OSError as err:
+            logger.warning("exploration %s: not written to the explorations log %s: %s", record.key, path, err)
 
     @staticmethod
     def _keep(record: ExplorationRecord, realtime: list[RealtimeFilter], checkpoint: GenerationCheckpoint) -> None:
