@@ -292,12 +292,12 @@ def test_a_hanging_tool_is_ended_by_the_time_limit_and_its_server_restarted(serv
                                                                               hang_url: str) -> None:
     before = _server_pids(service, "mcp-server-fetch")
     iid = _create(service, "read-slow")
-    started = time.monotonic()
     response = _call(service, iid, "fetch", {"url": hang_url})
-    elapsed = time.monotonic() - started
     text = _tool_text(response)
+    # Only the service's time limit answers so (had the fetch server's own 30 s HTTP timeout ended the call
+    # first, the answer would be the fetch tool's error, with no limit or restart named); no wall-clock bound,
+    # which a loaded machine could break.
     assert "did not answer within 2 s" in text and "servers.fetch.call_timeout_s" in text and "restarted" in text
-    assert elapsed < 25  # the fetch server's own HTTP timeout is 30 s
     assert response.json()["data"]["info"]["timeouts"] == 1
     # The episode goes on with a fresh server: the next call is answered (a tool error, quickly).
     assert _tool_text(_call(service, iid, "fetch", {"url": "not a url"}))
