@@ -82,7 +82,9 @@ def _pin(case: Any, data: st.DataObject) -> None:
         body.pop(field, None)
 
 
-#: Fields accepted only at their neutral value (agentevolver/schema/llm_wire.py): dropped from the pinned requests.
+#: Fields accepted only at their neutral value (agentevolver/schema/llm_wire.py), and tool_choice (a forced one
+#: decodes under the tools' schemas, which random tools rarely make compilable: tests/test_forced_tool_choice.py):
+#: dropped from the pinned requests.
 _NEUTRAL_ONLY = ("frequency_penalty", "presence_penalty", "logit_bias", "top_logprobs", "tool_choice", "echo",
                  "suffix", "best_of")
 

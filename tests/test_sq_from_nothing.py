@@ -356,3 +356,38 @@ def test_cli_another_explore_seed_writes_other_tasks(calc: str, scripted_llm: Sc
     # the only task both wrote is the evaluation task's expression (every exploration calls it): with
     # the filter off and no eval splits, nothing stopped it, which is what eval_overlap is for
     assert runs[0] & runs[1] == {EVAL_QUERY}
+
+
+def test_a_forced_tool_choice_makes_every_step_of_the_real_small_explorer_a_call(calc: str, tmp_path: Path) -> None:
+    """The real SmolLM2-135M explorer on the real local server, greedy: left to ``auto`` it answers in prose or
+    passes arguments a tool does not take in many explorations (issue 43's explorations log); with
+    ``explorer_tool_choice=required`` every step is one call of a calc tool, with exactly that tool's required
+    argument names, and the explorations log shows it."""
+    from test_llm_server import llm_server
+
+    model = "smollm2-135m-instruct"
+    with llm_server(tmp_path, model=model) as running:
+        out = tmp_path / "required"
+        out.mkdir()
+        args = ["--config-name", PRESET, "--no-progress", "--summary-json", str(out / "summary.json"),
+                f"env_service.env_url={calc}", f"llm.endpoints.local.base_url={running.base_url}",
+                f"llm.endpoints.local.model={model}", "task_manager.explorer_temperature=0",
+                f"task_manager.synthetic_tasks_path={out / 'tasks.jsonl'}",
+                f"task_manager.checkpoint_path={out / 'checkpoint.json'}", "task_manager.n=1",
+                "task_manager.max_explore_step=2", "task_manager.explorer_tool_choice=required"]
+        result = subprocess.run([sys.executable, "-m", "agentevolver.module.task_manager", *args], cwd=REPO_ROOT,
+                                capture_output=True, text=True, timeout=1200, env={**os.environ, "COLUMNS": "400"})
+    assert result.returncode == 0, result.stderr + result.stdout
+    counts = json.loads((out / "summary.json").read_text())["counts"]
+    assert counts["explore_steps"] == counts["explore_tool_calls"] == 4  # 2 seeds x 2 steps, a call each
+    assert counts.get("explore_without_tool_calls", 0) == 0
+    required = {"calculator": {"expression"}, "convert_units": {"value", "from_unit", "to_unit"}}
+    logged = [json.loads(line) for line in (out / "checkpoint.explorations.jsonl").read_text().splitlines()]
+    assert len(logged) == 2
+    for entry in logged:
+        opening = entry["trajectory"]["metadata"]["opening_len"]
+        for message in entry["trajectory"]["messages"][opening:]:
+            if message["role"] == "assistant":
+                [call] = message["tool_calls"]
+                name = call["function"]["name"]
+                assert set(json.loads(call["function"]["arguments"])) == required[name], call

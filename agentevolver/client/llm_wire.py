@@ -12,6 +12,7 @@ from typing import Any
 
 from agentevolver.client.llm_config import LLMEndpointConfig
 from agentevolver.client.retry import RetryableFailure
+from agentevolver.schema.message import ToolCall, ToolFunction
 
 __all__ = ["ChatResult", "Message", "Usage", "build_request", "read_reply", "short"]
 
@@ -49,6 +50,9 @@ class ChatResult:
     attempts: int
     structured: str | None = None
     format_fallback: bool = False
+    #: the tool calls the server returned in ``message.tool_calls`` (a forced ``tool_choice``, or a server that
+    #: parses calls itself); () when none: callers that parse calls from ``text`` still do
+    tool_calls: tuple[ToolCall, ...] = ()
 
 
 def build_request(
@@ -98,7 +102,22 @@ def read_reply(response: Any, attempts: int, default_model: str) -> ChatResult:
         ),
         model=getattr(response, "model", None) or default_model,
         attempts=attempts,
+        tool_calls=_tool_calls(getattr(message, "tool_calls", None)),
     )
+
+
+def _tool_calls(calls: Any) -> tuple[ToolCall, ...]:
+    """``message.tool_calls`` of an SDK reply as our :class:`ToolCall` (function calls only; an entry without a
+    function name is skipped: there is nothing to call)."""
+    found = []
+    for call in calls or ():
+        function = getattr(call, "function", None)
+        name = getattr(function, "name", None)
+        if not name:
+            continue
+        found.append(ToolCall(id=getattr(call, "id", None) or "",
+                              function=ToolFunction(name=name, arguments=getattr(function, "arguments", None) or "{}")))
+    return tuple(found)
 
 
 def short(value: Any) -> str:

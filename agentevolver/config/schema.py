@@ -89,6 +89,7 @@ class TaskManagerSection(_Section):
     seed_split: str | None = Field(min_length=1)
     explorer_temperature: float | None = Field(ge=0.0)
     explorer_max_tokens: int | None = Field(ge=1)
+    explorer_tool_choice: Literal["auto", "required"]
     exploration_params: dict[str, Any]
     explore_seed: int
     eval_splits: list[str]

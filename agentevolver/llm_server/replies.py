@@ -25,6 +25,7 @@ from openai.types.chat.chat_completion_message_function_tool_call import ChatCom
 from openai.types.completion_choice import Logprobs as CompletionLogprobs
 
 from agentevolver.llm_server.engine import Choice, TokenLogprob
+from agentevolver.llm_server.forced_calls import read_calls
 
 __all__ = ["chat_chunks", "chat_response", "completion_logprobs", "dump", "usage_of"]
 
@@ -42,14 +43,25 @@ def usage_of(prompt_tokens: int, choices: list[Choice]) -> CompletionUsage:
 
 
 def chat_response(
-    served_name: str, choices: list[Choice], usage: CompletionUsage, parser: Any, tools: list[dict[str, Any]] | None
+    served_name: str, choices: list[Choice], usage: CompletionUsage, parser: Any, tools: list[dict[str, Any]] | None,
+    forced: Any = None,
 ) -> ChatCompletion:
+    """The chat completion of ``choices``: tool calls parsed from the text by ``parser`` (``tool_choice`` auto),
+    or, with ``forced`` (the request's ``required`` / named ``tool_choice``), read from the grammar-decoded JSON
+    (:func:`.forced_calls.read_calls`)."""
     out = []
     for index, choice in enumerate(choices):
         content: str | None = choice.text
         tool_calls = None
         finish = choice.finish_reason
-        if parser is not None:
+        calls = read_calls(choice.text, forced) if forced is not None and finish != "length" else None
+        if calls:
+            content = None
+            tool_calls = [ChatCompletionMessageFunctionToolCall(
+                id=f"call_{uuid.uuid4().hex[:24]}", type="function", function={"name": name, "arguments": arguments})
+                for name, arguments in calls]
+            finish = "tool_calls"
+        elif parser is not None and forced is None:
             action = parser.extract(choice.text, tools)
             if action.tool_calls and not action.errors:  # a broken block: the raw text goes back, as in vLLM
                 content = action.content or None

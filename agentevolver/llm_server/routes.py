@@ -26,6 +26,7 @@ from openai.types.chat import ChatCompletion
 
 from agentevolver.llm_server.engine import Engine, SamplingRequest
 from agentevolver.llm_server.errors import ServerError
+from agentevolver.llm_server.forced_calls import TOOL_CHOICE_PARAM, call_schema
 from agentevolver.llm_server.replies import chat_chunks, chat_response, completion_logprobs, dump, usage_of
 from agentevolver.schema.llm_wire import (
     ChatCompletionRequest,
@@ -121,11 +122,15 @@ async def chat_completions(body: ChatCompletionRequest, request: Request, state:
     prompt = engine.render_chat(messages, tools, body.chat_template_kwargs)
     budget = engine.check_prompt(prompt, max_tokens=body.completion_limit, prompt_field="messages",
                                  limit_field=body.limit_field)
-    grammar = await engine.grammar_for(body.response_format)
+    if body.forced_tool_choice:  # the reply is a call: decoded under the tools' schemas (.forced_calls)
+        grammar = await engine.structured.grammar_for_schema(call_schema(body), TOOL_CHOICE_PARAM)
+    else:
+        grammar = await engine.grammar_for(body.response_format)
     choices = await _run(request, state.counters, engine.complete(prompt, _sampling(body, body.logprobs),
                                                                  max_tokens=budget, grammar=grammar))
     response = chat_response(engine.served_name, choices, usage_of(len(prompt), choices),
-                             state.parser if body.parse_tools else None, tools)
+                             state.parser if body.parse_tools else None, tools,
+                             forced=body.tool_choice if body.forced_tool_choice else None)
     if body.stream:
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
         return StreamingResponse(chat_chunks(response, include_usage), media_type="text/event-stream")

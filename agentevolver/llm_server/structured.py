@@ -60,21 +60,21 @@ _SCHEMA_PARAM = "response_format.json_schema.schema"
 _SURROGATE_BYTES = re.compile(rb"\xed[\xa0-\xbf]")
 
 
-def check_schema(schema: Any) -> None:
-    """Raise a 400 naming the field when ``schema`` is not a valid JSON Schema or uses a keyword the grammar
-    cannot enforce (:data:`UNSUPPORTED_KEYWORDS`)."""
+def check_schema(schema: Any, param: str = _SCHEMA_PARAM) -> None:
+    """Raise a 400 naming the field (under ``param``, where the schema sits in the request) when ``schema`` is
+    not a valid JSON Schema or uses a keyword the grammar cannot enforce (:data:`UNSUPPORTED_KEYWORDS`)."""
     import jsonschema
 
     if not isinstance(schema, dict):
-        raise ServerError(400, f"{_SCHEMA_PARAM} must be a JSON object (a JSON Schema); got "
-                               f"{type(schema).__name__}", param=_SCHEMA_PARAM)
+        raise ServerError(400, f"{param} must be a JSON object (a JSON Schema); got "
+                               f"{type(schema).__name__}", param=param)
     try:
         jsonschema.Draft202012Validator.check_schema(schema)
     except jsonschema.SchemaError as err:
-        where = _dotted(_SCHEMA_PARAM, err.absolute_path)
+        where = _dotted(param, err.absolute_path)
         raise ServerError(400, f"{where}: {err.message} (not a valid JSON Schema)", param=where) from None
     for path, keyword in _unsupported(schema, ()):
-        where = _dotted(_SCHEMA_PARAM, (*path, keyword))
+        where = _dotted(param, (*path, keyword))
         raise ServerError(
             400, f"{where}: the JSON Schema keyword {keyword!r} is not supported by this server's constrained "
                  f"decoding (it would not be enforced); unsupported: {', '.join(sorted(UNSUPPORTED_KEYWORDS))}",
@@ -227,22 +227,26 @@ class StructuredOutputs:
         if response_format is None or response_format.type == "text":
             return None
         if response_format.type == "json_object":
-            schema: dict[str, Any] = {"type": "object"}
-        else:
-            assert response_format.json_schema is not None  # the request model requires it
-            schema = response_format.json_schema.schema_
-            try:
-                check_schema(schema)
-            except ServerError:
-                self.stats["rejected_formats"] += 1
-                raise
+            return await self.grammar_for_schema({"type": "object"})
+        assert response_format.json_schema is not None  # the request model requires it
+        schema = response_format.json_schema.schema_
+        try:
+            check_schema(schema)
+        except ServerError:
+            self.stats["rejected_formats"] += 1
+            raise
+        return await self.grammar_for_schema(schema)
+
+    async def grammar_for_schema(self, schema: dict[str, Any], param: str = _SCHEMA_PARAM) -> Any:
+        """The compiled grammar of a checked JSON Schema (cached); a 400 naming ``param`` when it cannot be
+        built. ``response_format`` and a forced ``tool_choice`` (:mod:`.forced_calls`) both come here."""
         key = json.dumps(schema)  # property order is kept: it is the order the reply writes the fields in
         future = self._cache.get(key)
         if future is not None and not (future.done() and future.exception() is not None):
             self._cache.move_to_end(key)
             self.stats["cache_hits"] += 1
             return await asyncio.shield(future)
-        future = asyncio.ensure_future(asyncio.to_thread(self._compile, key))
+        future = asyncio.ensure_future(asyncio.to_thread(self._compile, key, param))
         self._cache[key] = future
         while len(self._cache) > CACHE_ENTRIES:
             self._cache.popitem(last=False)
@@ -263,14 +267,14 @@ class StructuredOutputs:
 
     # -- worker thread -------------------------------------------------------------------------------------
 
-    def _compile(self, schema_json: str) -> Any:
+    def _compile(self, schema_json: str, param: str = _SCHEMA_PARAM) -> Any:
         compiler = self._ensure_compiler()
         try:
             return compiler.compile_json_schema(schema_json, any_whitespace=False)
         except RuntimeError as err:  # xgrammar reports what it cannot build as RuntimeError("[time] file:line: why")
             reason = _XGRAMMAR_LOCATION.sub("", str(err).strip())
-            raise ServerError(400, f"{_SCHEMA_PARAM}: this server cannot build a grammar from the schema: {reason}",
-                              param=_SCHEMA_PARAM) from None
+            raise ServerError(400, f"{param}: this server cannot build a grammar from the schema: {reason}",
+                              param=param) from None
 
     def _ensure_compiler(self) -> Any:
         with self._setup_lock:
@@ -279,9 +283,10 @@ class StructuredOutputs:
                     import xgrammar
                 except ImportError:
                     raise ServerError(
-                        400, "response_format json_object / json_schema needs the grammar library of the 'serve' "
-                             "extra, which is not installed on this server (pip install 'agentevolver[serve]'); "
-                             "send response_format {'type': 'text'} or leave it out",
+                        400, "response_format json_object / json_schema (and tool_choice 'required' or a named "
+                             "function) need the grammar library of the 'serve' extra, which is not installed on "
+                             "this server (pip install 'agentevolver[serve]'); send response_format {'type': 'text'} "
+                             "or leave it out (tool_choice: 'auto')",
                         param="response_format",
                     ) from None
                 found = _version("xgrammar")

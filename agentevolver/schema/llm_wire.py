@@ -11,12 +11,15 @@ Policy for fields, chosen so that a request never means something other than wha
 
 * unknown top-level fields are rejected (400 naming the field, with a close match if there is one), as
   the OpenAI API does, so a typo such as ``max_token`` is reported rather than ignored;
-* OpenAI fields whose effect this server cannot produce (``top_logprobs > 0``, penalties, ``logit_bias``,
-  forced ``tool_choice``) are accepted only at their neutral value, else 400;
+* OpenAI fields whose effect this server cannot produce (``top_logprobs > 0``, penalties, ``logit_bias``) are
+  accepted only at their neutral value, else 400;
 * ``response_format`` ``json_object`` / ``json_schema`` is enforced by grammar-constrained decoding
   (:mod:`agentevolver.llm_server.structured`); a schema it cannot enforce is a 400 naming the field inside it;
+* ``tool_choice`` ``required`` or a named function is enforced the same way: the reply is decoded as the
+  call(s) the tools' parameter schemas allow (:mod:`agentevolver.llm_server.forced_calls`);
 * fields with no effect on the output (``user``, ``metadata``, ``store``, ``service_tier``,
-  ``parallel_tool_calls``, ``stream_options`` of a non-streamed request) are accepted and ignored;
+  ``parallel_tool_calls`` without a forced ``tool_choice``, ``stream_options`` of a non-streamed request) are
+  accepted and ignored;
 * vLLM's extra sampling fields that the CPU generator implements (``top_k``, ``repetition_penalty``,
   ``stop_token_ids``, ``ignore_eos``, ``chat_template_kwargs``) are accepted, so a role can move between
   vLLM and this server without changing its requests.
@@ -299,7 +302,8 @@ class ChatCompletionRequest(_SamplingFields):
     top_logprobs: int | None = Field(default=None, ge=0, le=20)
     tools: list[ToolIn] | None = None
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
-    parallel_tool_calls: bool | None = None  # accepted; every parsed call is returned
+    #: with tool_choice 'auto' every parsed call is returned; with a forced tool_choice, false allows one call
+    parallel_tool_calls: bool | None = None
     response_format: ResponseFormat | None = None
     chat_template_kwargs: dict[str, Any] | None = Field(default=None, description="vLLM extra")
     metadata: dict[str, Any] | None = None  # accepted and ignored
@@ -326,16 +330,37 @@ class ChatCompletionRequest(_SamplingFields):
             )
         if self.top_logprobs is not None and not self.logprobs:
             raise FieldError("top_logprobs", "top_logprobs needs logprobs: true")
-        if isinstance(self.tool_choice, NamedToolChoice) or self.tool_choice == "required":
-            raise FieldError(
-                "tool_choice",
-                "tool_choice 'required' or a named function is not supported; use 'auto' or 'none' (or "
-                "response_format json_schema for a reply of a given shape)",
-            )
+        if self.forced_tool_choice:
+            self._check_forced_tool_choice()
         if self.response_format is not None and self.response_format.type != "text" and self.ignore_eos:
             raise FieldError("ignore_eos", "ignore_eos cannot be combined with a JSON response_format: the reply "
                                             "ends when its JSON is complete; leave ignore_eos out")
         return self
+
+    def _check_forced_tool_choice(self) -> None:
+        """``required`` / a named function: there must be tools to call (the named one among them), and the
+        reply's shape is the call's, so no JSON ``response_format`` or ``ignore_eos`` beside it."""
+        what = "tool_choice 'required'" if self.tool_choice == "required" else "a named tool_choice"
+        if not self.tools:
+            raise FieldError("tool_choice", f"{what} needs tools to call; send tools, or tool_choice 'auto'")
+        if isinstance(self.tool_choice, NamedToolChoice):
+            name = self.tool_choice.function.get("name")
+            names = [tool.function.name for tool in self.tools]
+            if name not in names:
+                raise FieldError("tool_choice.function.name",
+                                 f"tool_choice names the function {name!r}, which is not among the tools "
+                                 f"({', '.join(names)}); name one of them")
+        if self.response_format is not None and self.response_format.type != "text":
+            raise FieldError("response_format", f"{what} decides the reply's shape (the call's arguments); leave "
+                                                "response_format out or send type 'text'")
+        if self.ignore_eos:
+            raise FieldError("ignore_eos", f"{what} ends the reply when the call is complete; leave ignore_eos out")
+
+    @property
+    def forced_tool_choice(self) -> bool:
+        """Whether the reply must be a tool call (``required`` or a named function): decoded under a grammar
+        (:mod:`agentevolver.llm_server.forced_calls`)."""
+        return self.tool_choice == "required" or isinstance(self.tool_choice, NamedToolChoice)
 
     @property
     def completion_limit(self) -> int | None:

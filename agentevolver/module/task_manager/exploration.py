@@ -243,9 +243,17 @@ class RandomWalk(ExplorationStrategy):
             instructions += EXPLORER_SEAT.format(seats=", ".join(seating.seats), seat=seat)
         chat = _with_instructions(for_chat_server(seating.view(), self.max_chars, tagged_calls=self.tagged_calls),
                                   instructions)
-        text = self.explorer.chat(chat, **sampling).text
-        action = self.parser.parse(text, step=step, tools=tools or None)
-        return ChatMessage(role="assistant", content=text, tool_calls=action.tool_calls or None, name=seat)
+        forced = self.deps.section.explorer_tool_choice == "required" and bool(tools)
+        if forced:  # the endpoint decodes the reply as one call of a given tool (explorer_tool_choice)
+            sampling = {**sampling, "tools": tools, "tool_choice": "required", "parallel_tool_calls": False}
+        reply = self.explorer.chat(chat, **sampling)
+        if forced and reply.tool_calls:
+            calls = [call.model_copy(update={"id": call.id or f"call_{step}_{index}"})
+                     for index, call in enumerate(reply.tool_calls)]
+            return ChatMessage(role="assistant", content=reply.text, tool_calls=calls, name=seat)
+        # auto, or a forced reply that came back without a call (cut by the token limit): parse the text
+        action = self.parser.parse(reply.text, step=step, tools=tools or None)
+        return ChatMessage(role="assistant", content=reply.text, tool_calls=action.tool_calls or None, name=seat)
 
 
 def _seat_facts(env: EnvClient, instance_id: str) -> Mapping[str, Any]:

@@ -192,6 +192,9 @@ class TaskManager:
             "max_explore_step": section.max_explore_step,
             "explorer_temperature": section.explorer_temperature,
             "explorer_max_tokens": section.explorer_max_tokens,
+            # only when not the default, so checkpoints written before the key existed still resume
+            **({"explorer_tool_choice": section.explorer_tool_choice}
+               if section.explorer_tool_choice != "auto" else {}),
             "explore_seed": section.explore_seed,
             "eval_splits": section.eval_splits,
             "tasks_per_exploration": section.tasks_per_exploration,
