@@ -20,6 +20,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import jsonschema
 import pytest
 from env_service_fixture import REPO_ROOT, env_service
 from scripted_openai_server import ScriptedOpenAIServer
@@ -31,13 +32,14 @@ from agentevolver.errors import ConfigError
 from agentevolver.module.task_manager import read_objectives, seed_tasks
 from agentevolver.module.task_manager.deps import TaskManagerDeps
 from agentevolver.module.task_manager.eval_overlap import EvalQueries
-from agentevolver.module.task_manager.profile import load_profile
+from agentevolver.module.task_manager.profile import constrained_tools, load_profile
 from agentevolver.module.task_manager.proof import Observation, prove
 from agentevolver.schema import ChatMessage
 from agentevolver.schema.task_writing import ObservedCall
 from env_service.environments.calc import CalcEnv
 from env_service.environments.calc.task_writing import render_tasks
 from env_service.environments.calc.tasks import LEVELS, CalcTask, get_task, split_task_ids
+from env_service.environments.calc.tools import TOOL_SCHEMAS
 from env_service.errors import EnvServiceError, UnknownSplit
 
 CALC = load_profile("calc")
@@ -381,7 +383,10 @@ def test_a_forced_tool_choice_makes_every_step_of_the_real_small_explorer_a_call
     counts = json.loads((out / "summary.json").read_text())["counts"]
     assert counts["explore_steps"] == counts["explore_tool_calls"] == 4  # 2 seeds x 2 steps, a call each
     assert counts.get("explore_without_tool_calls", 0) == 0
-    required = {"calculator": {"expression"}, "convert_units": {"value", "from_unit", "to_unit"}}
+    # each call has exactly its tool's arguments, kept to what calc's profile says they look like
+    # (tool_arguments: arithmetic only in an expression, calc's units): so every call is one calc can answer
+    schemas = {tool["function"]["name"]: tool["function"]["parameters"]
+               for tool in constrained_tools(list(TOOL_SCHEMAS), CALC)}
     logged = [json.loads(line) for line in (out / "checkpoint.explorations.jsonl").read_text().splitlines()]
     assert len(logged) == 2
     for entry in logged:
@@ -389,5 +394,8 @@ def test_a_forced_tool_choice_makes_every_step_of_the_real_small_explorer_a_call
         for message in entry["trajectory"]["messages"][opening:]:
             if message["role"] == "assistant":
                 [call] = message["tool_calls"]
-                name = call["function"]["name"]
-                assert set(json.loads(call["function"]["arguments"])) == required[name], call
+                arguments = json.loads(call["function"]["arguments"])
+                schema = schemas[call["function"]["name"]]
+                assert set(arguments) == set(schema["required"]), call
+                jsonschema.validate(arguments, schema)
+    assert counts.get("env_calls_failed", 0) == 0 and read_objectives(out / "tasks.jsonl")

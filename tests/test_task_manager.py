@@ -39,7 +39,11 @@ from agentevolver.module.task_manager.filters import DedupFilter
 from agentevolver.module.task_manager.manager import _batches
 from agentevolver.module.task_manager.masking import MASK, mask_query
 from agentevolver.module.task_manager.parsing import ReplyParseError, ask_parsed, extract_json, parse_summary
-from agentevolver.module.task_manager.profile import ProfileError, shipped_profiles
+from agentevolver.module.task_manager.profile import (
+    ProfileError,
+    constrained_tools,
+    shipped_profiles,
+)
 from agentevolver.module.task_manager.prompts import DEMO_TASKS, DEMO_TEXTS
 from agentevolver.schema import ChatMessage, Reward, Sample, Task, TaskObjective, ToolCall, ToolFunction
 
@@ -392,3 +396,36 @@ def test_env_grader_leaves_original_tasks_alone(scripted_llm: ScriptedOpenAIServ
     assert not scripted_llm.requests
     pool = GraderPool.from_settings(validate_config(compose_config()))
     assert pool.get("env") is pool.get("env") and type(pool.get("llm")).__name__ == "LlmJudgeGrader"
+
+
+def test_profile_tool_arguments_tighten_a_copy_of_the_tools_and_admit_every_call_of_calcs_own_tasks() -> None:
+    """calc's profile keeps a forced explorer's strings to arithmetic and its units to calc's: the constraint
+    must never forbid a call that solves one of calc's own tasks (every split, all 740)."""
+    import re
+
+    import jsonschema
+
+    from env_service.environments.calc import CalcEnv
+    from env_service.environments.calc.tasks import get_task, split_task_ids
+    from env_service.environments.calc.tools import TOOL_SCHEMAS
+
+    profile = load_profile("calc")
+    tools = list(TOOL_SCHEMAS)
+    before = json.dumps(tools, sort_keys=True)
+    tight = constrained_tools(tools, profile)
+    assert json.dumps(tools, sort_keys=True) == before  # the environment's schema is left as it is
+    schemas = {tool["function"]["name"]: tool["function"]["parameters"] for tool in tight}
+    assert "pattern" in schemas["calculator"]["properties"]["expression"]
+    solutions = [get_task(task_id).solution for split in CalcEnv.splits() if split != "explore"
+                 for task_id in split_task_ids(split)]
+    assert len(solutions) > 500
+    for solution in solutions:
+        jsonschema.validate(solution["arguments"], schemas[solution["name"]])
+    expression = schemas["calculator"]["properties"]["expression"]["pattern"]
+    assert not re.match(expression, "let x = 3") and not re.match(expression, "value")
+    unchanged = constrained_tools([{"type": "function", "function": {"name": "other", "parameters": {
+        "type": "object", "properties": {"expression": {"type": "string"}}}}}], profile)
+    assert "pattern" not in unchanged[0]["function"]["parameters"]["properties"]["expression"]
+    # the checkpoint's digest reads the profile without an empty tool_arguments (older checkpoints resume)
+    assert "tool_arguments" in profile.digest_form()
+    assert "tool_arguments" not in profile.model_copy(update={"tool_arguments": {}}).digest_form()

@@ -37,6 +37,7 @@ from typing import Any
 
 from agentevolver.client.env_client import EnvClient, EnvClientError
 from agentevolver.module.task_manager.deps import ROLE_EXPLORER, TaskManagerDeps
+from agentevolver.module.task_manager.profile import constrained_tools
 from agentevolver.module.task_manager.prompts import (
     EXPLORER_INSTRUCTIONS,
     EXPLORER_OPENINGS,
@@ -244,8 +245,10 @@ class RandomWalk(ExplorationStrategy):
         chat = _with_instructions(for_chat_server(seating.view(), self.max_chars, tagged_calls=self.tagged_calls),
                                   instructions)
         forced = self.deps.section.explorer_tool_choice == "required" and bool(tools)
-        if forced:  # the endpoint decodes the reply as one call of a given tool (explorer_tool_choice)
-            sampling = {**sampling, "tools": tools, "tool_choice": "required", "parallel_tool_calls": False}
+        if forced:  # the endpoint decodes the reply as one call of a given tool (explorer_tool_choice), its
+            # arguments kept to what the profile says the tool accepts (tool_arguments)
+            sampling = {**sampling, "tools": constrained_tools(tools, self.deps.profile), "tool_choice": "required",
+                        "parallel_tool_calls": False}
         reply = self.explorer.chat(chat, **sampling)
         if forced and reply.tool_calls:
             calls = [call.model_copy(update={"id": call.id or f"call_{step}_{index}"})

@@ -206,7 +206,7 @@ class TaskManager:
             "dedup": section.dedup.model_dump(),
             "synthetic_grader": section.grader.synthetic_grader,
             "tool_parser": settings.agent_flow.tools.tool_parser,
-            "profile": self.deps.profile.model_dump(mode="json"),
+            "profile": self.deps.profile.digest_form(),
             "explorer": _model_identity(settings, ROLE_EXPLORER),
             # the writer (task_manager.writer): the LLM's identity, or "env" (the profile, above, says how)
             "summarizer": _model_identity(settings, ROLE_SUMMARIZER) if section.writer == "llm" else {"writer": "env"},
@@ -228,7 +228,7 @@ class TaskManager:
         post = [(name, POST_FILTERS.create(name, self.deps)) for name in section.post_filters]
         verdict_inputs = {"filters": [[n, f.fingerprint] for n, f in post], "retries": section.parse_retries,
                           "demonstrations": section.demonstrations,
-                          "prompt_version": PROMPT_VERSION, "profile": self.deps.profile.model_dump(mode="json")}
+                          "prompt_version": PROMPT_VERSION, "profile": self.deps.profile.digest_form()}
         checkpoint = GenerationCheckpoint.open(section.checkpoint_path, inputs_digest(self.inputs(seeds)),
                                                inputs_digest(verdict_inputs))
         report.checkpoint_status = checkpoint.status

@@ -19,17 +19,18 @@ tool call a question, its observed result the answer); that is a capability of t
 
 from __future__ import annotations
 
+import copy
 import json
 from importlib import resources
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from agentevolver.errors import ConfigError
 
-__all__ = ["AnswerProof", "Attribute", "Entity", "EnvProfile", "Operation", "ProfileError", "load_profile",
-           "resolve_synthetic_grader", "shipped_profiles"]
+__all__ = ["AnswerProof", "Attribute", "Entity", "EnvProfile", "Operation", "ProfileError", "constrained_tools",
+           "load_profile", "resolve_synthetic_grader", "shipped_profiles"]
 
 
 class ProfileError(ConfigError):
@@ -96,6 +97,12 @@ class EnvProfile(BaseModel):
     description: str = Field(min_length=1)
     entities: list[Entity] = Field(min_length=1)
     answers: AnswerProof | None = None
+    #: What a valid argument of a tool looks like, stricter than the environment's own tool schema says
+    #: (tool -> argument -> JSON Schema keywords, e.g. ``{"calculator": {"expression": {"pattern": ...}}}``).
+    #: Merged into the tools a *forced* explorer is sent (``task_manager.explorer_tool_choice: required``,
+    #: :func:`constrained_tools`), so the endpoint's grammar keeps a small model's strings to what the tool
+    #: accepts; the explorer's instructions, and every policy, see the environment's schema unchanged.
+    tool_arguments: dict[str, dict[str, dict[str, Any]]] = Field(default_factory=dict)
 
     @model_validator(mode="after")
     def _unique_entities(self) -> EnvProfile:
@@ -104,6 +111,14 @@ class EnvProfile(BaseModel):
         if duplicates:
             raise ValueError(f"entities repeat the name(s) {duplicates}")
         return self
+
+    def digest_form(self) -> dict[str, Any]:
+        """The profile as the generation checkpoint's digest reads it: without ``tool_arguments`` when it is
+        empty, so checkpoints written before the field existed still resume."""
+        data = self.model_dump(mode="json")
+        if not data["tool_arguments"]:
+            del data["tool_arguments"]
+        return data
 
     def operations(self) -> list[tuple[Entity, Operation]]:
         """Every (entity, operation) pair, in file order: what a random exploration picks its focus from."""
@@ -118,6 +133,22 @@ class EnvProfile(BaseModel):
                 lines.append("  attributes: " + "; ".join(f"{a.name} ({a.description})" for a in entity.attributes))
             lines.append("  operations: " + "; ".join(f"{o.name} ({o.description})" for o in entity.operations))
         return "\n".join(lines)
+
+
+def constrained_tools(tools: list[dict[str, Any]], profile: EnvProfile) -> list[dict[str, Any]]:
+    """``tools`` (OpenAI function tools) with the profile's ``tool_arguments`` merged into each named argument's
+    schema (a copy; tools and arguments the profile does not name are unchanged)."""
+    out = copy.deepcopy(tools)
+    for tool in out:
+        function = tool.get("function") or {}
+        extra = profile.tool_arguments.get(function.get("name", ""))
+        properties = (function.get("parameters") or {}).get("properties")
+        if not extra or not isinstance(properties, dict):
+            continue
+        for argument, keywords in extra.items():
+            if isinstance(properties.get(argument), dict):
+                properties[argument].update(keywords)
+    return out
 
 
 def shipped_profiles() -> list[str]:
