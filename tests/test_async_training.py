@@ -1,6 +1,6 @@
 """Async training (``trainer.mode=async``, issue 45 part 1): the producer thread's staleness bound and pause, the
-start-up checks, and a 3-step run through ``python -m agentevolver.main_ppo`` with validation, a checkpoint and a
-resume.
+start-up checks, and a 3-step run through ``python -m agentevolver.main_ppo`` with validation, a checkpoint, a
+resume and Self-Attributing (ADCA-GRPO with a scripted judge).
 
 The producer tests drive :class:`~agentevolver.verl.async_loop.RolloutAhead` with real threads; only the rollout
 itself is a function that records which weights it ran on (the thing under test is the scheduling around it).
@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 from env_service_fixture import env_service
+from scripted_openai_server import SCRIPTED_MODEL, ScriptedOpenAIServer
 from training_fixture import dumped_tasks, resume_from, run_training, training_command, training_timeout
 
 from agentevolver.errors import ConfigError
@@ -159,22 +160,28 @@ def service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         yield running.url
 
 
-def async_command(service: str, run_dir: Path, *extra: str) -> list[str]:
+def async_command(service: str, run_dir: Path, judge: ScriptedOpenAIServer, *extra: str) -> list[str]:
+    """3 async steps with Self-Attributing on (ADCA-GRPO, ``judge`` answering every episode), so this run also
+    proves that step labels work when a step's episodes were rolled out during the previous update."""
     # groups of 4 (as in test_main_ppo.py): with 2 per group both groups of a step drew equal lottery scores now
     # and then, and that step had no gradient
     return training_command(service, run_dir, "trainer.mode=async", "trainer.max_staleness=1",
                             "actor_rollout_ref.rollout.n=4", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4",
                             "trainer.total_training_steps=3", "trainer.save_freq=2", "trainer.test_freq=2",
-                            "data.val_max_samples=2", *extra)
+                            "data.val_max_samples=2", "algorithm.adv_estimator=adca_grpo",
+                            f"llm.endpoints.local.base_url={judge.base_url}",
+                            f"llm.endpoints.local.model={SCRIPTED_MODEL}", "llm.endpoints.local.backoff_initial_s=0",
+                            *extra)
 
 
 
 @training_timeout
 def test_an_async_run_keeps_its_staleness_bound_validates_and_resumes_without_skipping_tasks(
-        service: str, tmp_path: Path) -> None:
+        service: str, tmp_path: Path, scripted_llm: ScriptedOpenAIServer) -> None:
+    scripted_llm.respond_with(lambda body: "Step 1 Judgment: GOOD")
     first = tmp_path / "first"
     first.mkdir()
-    done = run_training(async_command(service, first), first)
+    done = run_training(async_command(service, first, scripted_llm), first)
     output = done.stdout + done.stderr
     assert done.returncode == 0, output[-8000:]
 
@@ -186,13 +193,19 @@ def test_an_async_run_keeps_its_staleness_bound_validates_and_resumes_without_sk
     assert all(metrics["async/wait_rollout_s"] >= 0 for metrics in steps.values())
     assert any(metrics["actor/grad_norm"] > 0 for metrics in steps.values())  # a step whose groups tie has none
     assert any(key.startswith("val-core/") for key in steps[2]) and any(key.startswith("val-core/") for key in steps[3])
-    records = read_rollout_dump(first / "run" / "rollouts" / "step_3.jsonl")
+    records = list(read_rollout_dump(first / "run" / "rollouts" / "step_3.jsonl"))
     assert records and {record["staleness"] for record in records} == {1}
     assert "step(s) 3, rolled out ahead, are not in it" in output  # the checkpoint at step 2 says what it drops
+    # Self-Attributing: every training episode judged once (validation episodes are not), labels in the dumps
+    assert len(scripted_llm.requests) == 24  # 3 steps x 8 episodes
+    for step, metrics in steps.items():
+        assert metrics["adca/active"] == 1.0 and metrics["adca/labelled_samples"] == 8.0, step
+        assert metrics["timing_s/judge"] >= metrics["adca/time_s"] > 0, step
+    assert [r["step_flags"] for r in records] == [[True]] * 8  # lottery episodes have one step
 
     resumed = tmp_path / "resumed"
     resumed.mkdir()
-    done = run_training(async_command(service, resumed, *resume_from(first, 2)), resumed)
+    done = run_training(async_command(service, resumed, scripted_llm, *resume_from(first, 2)), resumed)
     assert done.returncode == 0, (done.stdout + done.stderr)[-8000:]
     steps = read_metrics(resumed / "run" / "metrics.jsonl")
     assert sorted(steps) == [3], sorted(steps)

@@ -46,3 +46,27 @@ def test_omp_wait_policy_bench_runs_small() -> None:
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     for text in ("decode", "update", "default", "passive", "vs default", "load"):
         assert text in done.stdout, done.stdout
+
+
+def test_startup_profile_reads_milestones_from_ray_prefixed_lines() -> None:
+    """bench/startup_profile.py names each process by the actor its pid later prints as, and finds the step rows
+    (coloured or not) but not the progress bar. Its runs are training runs, which the suite already has plenty of:
+    only the parser is run here."""
+    sys.path.insert(0, str(REPO_ROOT / "bench"))
+    from startup_profile import milestones
+
+    lines = [
+        (1.0, "2026-12-05 13:22:11,884\tINFO worker.py:2029 -- Started a local Ray instance."),
+        (2.0, "\x1b[36m(pid=5601)\x1b[0m INFO:2026-12-05 13:22:19,004:Platform override from VERL_PLATFORM: cpu"),
+        (3.0, "(TaskRunner pid=5601) Size of train dataloader: 4"),
+        (4.0, "(pid=5729) INFO: Platform override"),
+        (5.0, "(WorkerDict pid=5729) After FSDP, memory allocated (GB): 0.00"),
+        (6.0, "(AgentLoopWorker pid=5968) Using dataset class: RLHFDataset"),
+        (7.0, "Training Progress:  50%|#####     | 1/2 [00:05<00:05]"),
+        (8.0, "\x1b[36m(TaskRunner pid=5601)\x1b[0m  1/2     0.562       56%"),
+        (9.5, "(TaskRunner pid=5601)  2/2     0.600       60%"),
+    ]
+    marks = milestones(lines, exit_s=12.0, step_times={1: 3.0, 2: 1.5})
+    assert marks == {"ray up": 1.0, "TaskRunner up": 2.0, "WorkerDict up": 4.0, "model in FSDP": 5.0,
+                     "step 1 starts (est.)": 5.0, "AgentLoopWorker up": 6.0, "step 1": 8.0, "step 2": 9.5,
+                     "exit": 12.0}

@@ -1,24 +1,21 @@
 """verl's ``reward.custom_reward_function`` scores agent episodes (agentevolver.verl.custom_reward).
 
 Unit tests call :func:`apply_custom_reward` on a finished episode with a reward file written here (verl's
-contract: ``compute_score(data_source, solution_str, ground_truth, extra_info, **reward_kwargs)``); the
-end-to-end test runs two tiny-test GRPO steps through ``python -m agentevolver.main_ppo`` with such a file
-and checks that the rollout dumps, the trained reward (``critic/score/mean``) and the function's own log
-agree.
+contract: ``compute_score(data_source, solution_str, ground_truth, extra_info, **reward_kwargs)``). The
+end-to-end test, two tiny-test GRPO steps through ``python -m agentevolver.main_ppo`` scored by this file's
+``compute_score``, is ``test_custom_reward_scores_a_training_run`` in tests/test_main_ppo.py: its run also
+proves Self-Attributing and verl's own forward (one start-up for three tests).
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
-import math
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 from omegaconf import OmegaConf
-from training_fixture import training_timeout
 
 from agentevolver.errors import ConfigError
 from agentevolver.module.agent_flow.episode import EpisodeResult, EpisodeSpec
@@ -166,54 +163,3 @@ def test_loaded_once_per_process(reward_file: Path) -> None:
     assert load_custom_reward(config) is load_custom_reward(_config(reward_file, bonus=0.5))
     assert load_custom_reward(config) is not load_custom_reward(_config(reward_file, bonus=0.25))
 
-
-# ------------------------------------------------------------------------------------------ end to end
-
-
-def _agent_loop_calls_the_hook() -> bool:
-    import agentevolver.verl.agent_loop as agent_loop
-
-    return "apply_custom_reward" in Path(agent_loop.__file__).read_text()
-
-
-@pytest.fixture(scope="module")
-def lottery_service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    from env_service_fixture import env_service
-
-    with env_service("lottery", tmp_path=tmp_path_factory.mktemp("custom_reward")) as running:
-        yield running.url
-
-
-@pytest.mark.skipif(not _agent_loop_calls_the_hook(),
-                    reason="needs the agent-loop hook: AgentEvolverAgentLoop.run must call apply_custom_reward")
-@training_timeout
-def test_custom_reward_scores_a_training_run(lottery_service: str, reward_file: Path, tmp_path: Path) -> None:
-    from training_fixture import run_training, training_command
-
-    from agentevolver.module.agent_flow import read_rollout_dump
-    from agentevolver.verl.tracking import read_metrics
-
-    log = tmp_path / "calls.jsonl"
-    done = run_training(training_command(
-        lottery_service, tmp_path,
-        f"reward.custom_reward_function.path={reward_file}",
-        "reward.custom_reward_function.name=compute_score",
-        f"+reward.custom_reward_function.reward_kwargs.log_path={log}",
-    ), tmp_path)
-    assert done.returncode == 0, (done.stdout + done.stderr)[-6000:]
-
-    calls = [json.loads(line) for line in log.read_text().splitlines()]
-    assert len(calls) == 8  # 2 steps x 2 tasks x 2 episodes, no validation
-    assert {call["data_source"] for call in calls} == {"lottery"}
-    steps = read_metrics(tmp_path / "run" / "metrics.jsonl")
-    for step in (1, 2):
-        records = list(read_rollout_dump(tmp_path / "run" / "rollouts" / f"step_{step}.jsonl"))
-        assert len(records) == 4
-        outcomes = []
-        for record in records:
-            env_score = record["metrics"]["reward/before_custom"]
-            assert record["reward"]["outcome"] == 0.25 + 0.5 * env_score
-            assert record["reward"]["success_rate"] == env_score  # lottery: success = its 0/1 score
-            outcomes.append(record["reward"]["outcome"])
-        # the trained reward is the function's score
-        assert math.isclose(steps[step]["critic/score/mean"], sum(outcomes) / len(outcomes), abs_tol=1e-6)

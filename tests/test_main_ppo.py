@@ -6,22 +6,39 @@ model), verl's legacy trainer with the CPU backend, our agent loop, two GRPO ste
 and gradients verl logs are finite and non-zero, the actor's weights moved, the rollout generated step 2
 with the weights synced after step 1 (verl's rollout-vs-actor log-prob gap), checkpoints and rollout dumps
 (with advantages) were written, and the episode metrics reached the logger.
+
+Each training run here proves several things, because a run's fixed start-up (Ray, five actors, the model) costs
+more than its two steps: the baseline run is also the reference of the crash-and-resume test, and one run with
+Self-Attributing, a custom reward function and verl's own (unshared) forward in fp32 serves three tests. Its
+tests stay separate, so a failure still names the capability; a run that fails fails all of its tests.
 """
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import re
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from env_service_fixture import REPO_ROOT, env_service
-from scripted_openai_server import SCRIPTED_MODEL
-from training_fixture import load_safetensors, run_training, training_command, training_timeout
+from scripted_openai_server import SCRIPTED_MODEL, ScriptedOpenAIServer, shared_scripted_llm_server
+from test_custom_reward import REWARD_FILE
+from training_fixture import (
+    FP32,
+    dumped_tasks,
+    kill_tree,
+    load_safetensors,
+    run_training,
+    training_command,
+    training_env,
+    training_timeout,
+)
 
 from agentevolver.backends.cpu.precision import resolve_dtype
 from agentevolver.models import resolve_model_path
@@ -51,8 +68,17 @@ def train(service: str, run_dir: Path, *extra: str) -> subprocess.CompletedProce
 GROUPS_OF_4 = ("actor_rollout_ref.rollout.n=4", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4")
 
 
-def test_two_grpo_steps_through_the_training_entry(service: str, tmp_path: Path) -> None:
-    done = train(service, tmp_path, *GROUPS_OF_4)
+@pytest.fixture(scope="module")
+def baseline(service: str, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, subprocess.CompletedProcess[str]]:
+    """Two plain GRPO steps in groups of 4, a checkpoint (with the HF export) after each: the run that
+    :func:`test_two_grpo_steps_through_the_training_entry` checks, and the reference run of the crash test."""
+    run_dir = tmp_path_factory.mktemp("baseline")
+    return run_dir, train(service, run_dir, *GROUPS_OF_4)
+
+
+def test_two_grpo_steps_through_the_training_entry(service: str, baseline: tuple[Path, subprocess.CompletedProcess[str]]
+                                                   ) -> None:
+    tmp_path, done = baseline
     assert done.returncode == 0, (done.stdout + done.stderr)[-6000:]
     steps = read_metrics(tmp_path / "run" / "metrics.jsonl")
     assert sorted(steps) == [1, 2]
@@ -108,38 +134,145 @@ def test_bad_config_is_reported_before_anything_starts(tmp_path: Path) -> None:
     assert "agent_flow.max_steps" in done.stderr and "agent_flow.context_template" in done.stderr
 
 
-@pytest.mark.parametrize("mode", ["sync", "async"])
-def test_adca_labels_steps_through_the_training_entry(service: str, tmp_path: Path, scripted_llm, mode: str) -> None:
-    """Self-Attributing on through its one switch (the estimator): every training episode is judged once per
-    step (a scripted judge answers GOOD for step 1), the labels reach the dumps and the ADCA metrics reach
-    metrics.jsonl; the judge has a timer of its own, outside the update's. The same in async training, where
-    step 2's episodes were rolled out during step 1's update."""
-    scripted_llm.respond_with(lambda body: "Step 1 Judgment: GOOD")
-    done = train(service, tmp_path, "algorithm.adv_estimator=adca_grpo", f"trainer.mode={mode}",
-                 f"llm.endpoints.local.base_url={scripted_llm.base_url}",
-                 f"llm.endpoints.local.model={SCRIPTED_MODEL}", "llm.endpoints.local.backoff_initial_s=0",
-                 "trainer.save_freq=-1", "--verbose")
-    assert done.returncode == 0, (done.stdout + done.stderr)[-6000:]
-    assert "engine is not available" in done.stderr  # --verbose: every line on the console
-    assert len(scripted_llm.requests) == 8  # 2 steps x 4 episodes, one request per episode
-    steps = read_metrics(tmp_path / "run" / "metrics.jsonl")
-    for metrics in steps.values():
-        assert metrics["adca/active"] == 1.0 and metrics["adca/labelled_samples"] == 4.0
-        assert metrics["timing_s/judge"] >= metrics["adca/time_s"] > 0
-    assert [steps[step].get("async/staleness_max") for step in (1, 2)] == (
-        [None, None] if mode == "sync" else [0.0, 1.0])
+def test_sigkill_after_step_1_resumes_at_step_2_with_the_same_data(
+        service: str, baseline: tuple[Path, subprocess.CompletedProcess[str]], tmp_path: Path) -> None:
+    """Crash and resume: SIGKILL the whole training process tree after step 1's checkpoint, start again with
+    ``trainer.resume_mode=auto``, and check it continues at step 2 with the tasks the baseline run (no crash,
+    same data seed and batch size) trained at steps 1 and 2."""
+    reference, done = baseline
+    assert done.returncode == 0, "the baseline run failed: see test_two_grpo_steps_through_the_training_entry"
+    crashed = tmp_path / "crashed"
+    crashed.mkdir()
+    marker = crashed / "run" / "latest_checkpointed_iteration.txt"
+    process = subprocess.Popen(training_command(service, crashed, *GROUPS_OF_4, "trainer.total_training_steps=3"),
+                               cwd=crashed, env=training_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                               text=True)
+    try:
+        while not (marker.exists() and marker.read_text().strip() == "1"):
+            assert process.poll() is None, "training ended before its first checkpoint"
+            time.sleep(0.5)
+    finally:
+        kill_tree(process)
+    assert (crashed / "run" / "global_step_1").is_dir() and not (crashed / "run" / "global_step_2").exists()
+
+    metrics_file = crashed / "run" / "metrics.jsonl"
+    logged_before = metrics_file.read_text().splitlines() if metrics_file.exists() else []
+    resumed = train(service, crashed, *GROUPS_OF_4, "trainer.resume_mode=auto")
+    assert resumed.returncode == 0, (resumed.stdout + resumed.stderr)[-6000:]
+    logged_after = metrics_file.read_text().splitlines()[len(logged_before):]
+    assert [json.loads(line)["step"] for line in logged_after] == [2]  # appended to the same file: step 2 only
+    assert (crashed / "run" / "global_step_2").is_dir()
     for step in (1, 2):
-        records = list(read_rollout_dump(tmp_path / "run" / "rollouts" / f"step_{step}.jsonl"))
-        assert [r["step_flags"] for r in records] == [[True]] * 4  # lottery episodes have one step
+        assert dumped_tasks(crashed, step) == dumped_tasks(reference, step)
 
 
-def test_synthetic_tasks_are_trained_on_and_graded_by_the_llm_grader(service: str, tmp_path: Path,
-                                                                     scripted_llm) -> None:
-    """The training mixture takes synthetic tasks from task_manager.synthetic_tasks_path; their episodes are
-    scored by the `llm` grader (the task_grader role, a scripted judge here), the originals by the env."""
-    synthetic = [TaskObjective(task=Task(task_id=f"{seed}~syn-{i}", env_type="lottery", query=f"Win round {i}",
-                                         evaluator="llm"), seed_task_id=seed)
-                 for i, seed in enumerate(["t0", "t1"])]
+# ------------------------------------------------- one run: Self-Attributing, a custom reward, verl's own forward
+
+@pytest.fixture(scope="module")
+def attributed_run(service: str, tmp_path_factory: pytest.TempPathFactory
+                   ) -> tuple[Path, subprocess.CompletedProcess[str], list[dict]]:
+    """Two GRPO steps (groups of 4, fp32, KL loss so the reference pass runs, ``--verbose``) with three things
+    on that do not touch each other: ADCA-GRPO with a scripted judge answering GOOD for step 1 (it changes
+    advantages only), a custom reward function (it changes the scores), and the shared-prompt forward off
+    (verl's own forward: the only end-to-end run of that path on CPU, whose preset turns sharing on).
+    Returns the run folder, the finished process and the judge's request bodies."""
+    run_dir = tmp_path_factory.mktemp("attributed")
+    reward_file = run_dir / "my_reward.py"
+    reward_file.write_text(REWARD_FILE)
+    judge = shared_scripted_llm_server()
+    judge.reset()
+    judge.respond_with(lambda body: "Step 1 Judgment: GOOD")
+    try:
+        done = train(service, run_dir, "algorithm.adv_estimator=adca_grpo",
+                     f"llm.endpoints.local.base_url={judge.base_url}", f"llm.endpoints.local.model={SCRIPTED_MODEL}",
+                     "llm.endpoints.local.backoff_initial_s=0",
+                     f"reward.custom_reward_function.path={reward_file}",
+                     "reward.custom_reward_function.name=compute_score",  # 0.25 + 0.5 x env score, logged
+                     f"+reward.custom_reward_function.reward_kwargs.log_path={run_dir / 'calls.jsonl'}",
+                     "actor_rollout_ref.actor.use_prefix_grouper=false", *GROUPS_OF_4,
+                     "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=8",
+                     "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=8",
+                     "actor_rollout_ref.actor.use_kl_loss=true", *FP32, "trainer.save_freq=-1", "--verbose")
+        requests = judge.bodies
+    finally:
+        judge.reset()
+    return run_dir, done, requests
+
+
+def _finished(run: tuple[Path, subprocess.CompletedProcess[str], list[dict]]) -> dict[int, dict[str, float]]:
+    run_dir, done, _ = run
+    assert done.returncode == 0, (done.stdout + done.stderr)[-6000:]
+    steps = read_metrics(run_dir / "run" / "metrics.jsonl")
+    assert sorted(steps) == [1, 2]
+    return steps
+
+
+def test_adca_labels_steps_through_the_training_entry(attributed_run) -> None:
+    """Self-Attributing on through its one switch (the estimator): every training episode is judged once per
+    step, the labels reach the dumps and the ADCA metrics reach metrics.jsonl; the judge has a timer of its
+    own, outside the update's. (Async training with ADCA: tests/test_async_training.py.)"""
+    steps = _finished(attributed_run)
+    run_dir, done, requests = attributed_run
+    assert "engine is not available" in done.stderr  # --verbose: every line on the console
+    assert len(requests) == 16  # 2 steps x 8 episodes, one request per episode
+    for metrics in steps.values():
+        assert metrics["adca/active"] == 1.0 and metrics["adca/labelled_samples"] == 8.0
+        assert metrics["timing_s/judge"] >= metrics["adca/time_s"] > 0
+        assert metrics.get("async/staleness_max") is None  # sync: no step was rolled out ahead
+    for step in (1, 2):
+        records = list(read_rollout_dump(run_dir / "run" / "rollouts" / f"step_{step}.jsonl"))
+        assert [r["step_flags"] for r in records] == [[True]] * 8  # lottery episodes have one step
+
+
+def test_custom_reward_scores_a_training_run(attributed_run) -> None:
+    """verl's ``reward.custom_reward_function`` scores agent episodes: the rollout dumps, the trained reward
+    (``critic/score/mean``) and the function's own log agree (unit tests: tests/test_custom_reward.py)."""
+    steps = _finished(attributed_run)
+    run_dir, _, _ = attributed_run
+    calls = [json.loads(line) for line in (run_dir / "calls.jsonl").read_text().splitlines()]
+    assert len(calls) == 16  # 2 steps x 2 tasks x 4 episodes, no validation
+    assert {call["data_source"] for call in calls} == {"lottery"}
+    for step in (1, 2):
+        records = list(read_rollout_dump(run_dir / "run" / "rollouts" / f"step_{step}.jsonl"))
+        assert len(records) == 8
+        outcomes = []
+        for record in records:
+            env_score = record["metrics"]["reward/before_custom"]
+            assert record["reward"]["outcome"] == 0.25 + 0.5 * env_score
+            assert record["reward"]["success_rate"] == env_score  # lottery: success = its 0/1 score
+            outcomes.append(record["reward"]["outcome"])
+        # the trained reward is the function's score
+        assert math.isclose(steps[step]["critic/score/mean"], sum(outcomes) / len(outcomes), abs_tol=1e-6)
+
+
+def test_verls_own_forward_recomputes_the_rollouts_log_probs(attributed_run) -> None:
+    """With the shared-prompt switch off (tests/test_shared_prefix.py runs it on), every token goes through
+    verl's own forward, and what the update is built on still holds: the old log-probs the trainer
+    recomputes equal the rollout server's own (fp32 both; verl's ``rollout_corr/log_ppl_diff_max``), and the
+    run trains."""
+    steps = _finished(attributed_run)
+    for metrics in steps.values():
+        ratio = [value for key, value in metrics.items() if key.endswith("shared_prompt_token_ratio")]
+        assert ratio == [1.0], sorted(metrics)
+        assert abs(metrics["rollout_corr/log_ppl_diff_max"]) <= 1e-4, metrics["rollout_corr/log_ppl_diff_max"]
+        assert math.isfinite(metrics["actor/pg_loss"])
+    # a step whose two groups each drew four equal scores has no outcome advantage, and step 1's KL to the
+    # reference is 0; ADCA's GOOD labels still move the advantages, so one step must train
+    assert any(metrics["actor/grad_norm"] > 0 for metrics in steps.values()), [m["actor/grad_norm"] for m in steps.values()]
+
+
+def test_synthetic_tasks_are_graded_by_their_own_grader(service: str, tmp_path: Path,
+                                                        scripted_llm: ScriptedOpenAIServer) -> None:
+    """The training mixture takes synthetic tasks from task_manager.synthetic_tasks_path, and each task's
+    episodes are scored by its own grader: an ``llm`` task's by the task_grader role (a scripted judge here), a
+    ``reference`` task's (a proved answer) by code with no LLM request, the originals by the environment."""
+    synthetic = [
+        TaskObjective(task=Task(task_id="t0~syn-0", env_type="lottery", query="Win round 0", evaluator="llm"),
+                      seed_task_id="t0"),
+        TaskObjective(task=Task(task_id="t1~syn-1", env_type="lottery", query="What is 1 + 1?", ground_truth="2",
+                                evaluator="reference", metadata={"proof": {"call": "calculator(1 + 1)"}}),
+                      source="synthetic", seed_task_id="t1"),
+    ]
     tasks_file = write_objectives(tmp_path / "synthetic.jsonl", synthetic)
     scripted_llm.respond_with(lambda body: '{"relevance": 1, "success": 1, "efficiency": 0.5, "reason": "ok"}')
     done = train(service, tmp_path, f"task_manager.synthetic_tasks_path={tasks_file}",
@@ -148,13 +281,21 @@ def test_synthetic_tasks_are_trained_on_and_graded_by_the_llm_grader(service: st
                  f"llm.endpoints.local.model={SCRIPTED_MODEL}", "trainer.save_freq=-1")
     assert done.returncode == 0, (done.stdout + done.stderr)[-6000:]
     records = [r for step in (1, 2) for r in read_rollout_dump(tmp_path / "run" / "rollouts" / f"step_{step}.jsonl")]
-    graded = [r for r in records if r["reward"]["description"].startswith("llm grader")]
-    assert len(records) == 8 and len(graded) == 4  # 2 synthetic + 2 original tasks, 2 episodes each
-    assert {r["reward"]["outcome"] for r in graded} == {0.75}  # 1 x 1 x (0.5 + 0.5 x 0.5)
-    assert sorted(next(m["content"] for m in r["messages"] if m["role"] == "user") for r in graded) == [
-        "Win round 0", "Win round 0", "Win round 1", "Win round 1"]  # the synthetic query replaced the seed's
-    assert len(scripted_llm.requests) == 4  # one grading request per synthetic episode, none for the originals
-    assert all(r["reward"]["description"].startswith("environment score") for r in records if r not in graded)
+
+    def query(record: dict) -> str:
+        return next(m["content"] for m in record["messages"] if m["role"] == "user")
+
+    by_llm = [r for r in records if r["reward"]["description"].startswith("llm grader")]
+    by_code = [r for r in records if r["reward"]["description"].startswith("reference grader")]
+    assert len(records) == 8 and len(by_llm) == 2 and len(by_code) == 2  # 2 synthetic + 2 original tasks, 2 each
+    assert {r["reward"]["outcome"] for r in by_llm} == {0.75}  # 1 x 1 x (0.5 + 0.5 x 0.5)
+    assert [query(r) for r in by_llm] == ["Win round 0"] * 2  # the synthetic query replaced the seed's
+    assert [query(r) for r in by_code] == ["What is 1 + 1?"] * 2
+    assert all(r["reward"]["outcome"] in (0.0, 1.0) for r in by_code)
+    # one grading request per llm-graded episode: none for the reference task's or the originals'
+    assert len(scripted_llm.requests) == 2
+    assert all(r["reward"]["description"].startswith("environment score")
+               for r in records if r not in by_llm and r not in by_code)
     # the mixture's size is logged once, with the first step (no generation ran: no funnel)
     steps = read_metrics(tmp_path / "run" / "metrics.jsonl")
     assert {k: v for k, v in steps[1].items() if k.startswith("tasks/")} == {"tasks/train": 4.0,

@@ -385,22 +385,23 @@ def test_settings_that_split_groups_are_warnings() -> None:
 
 # ---------------------------------------------------------------- end to end (python -m agentevolver.main_ppo)
 @training_timeout
-@pytest.mark.parametrize("share", [True, False])
-def test_two_step_run_with_switch_on_and_off(tmp_path: Path, share: bool):
-    """2 steps of GRPO (tiny-test, groups of 4, micro-batches of one group, KL loss so the reference pass runs).
+def test_two_step_run_with_the_switch_on(tmp_path: Path) -> None:
+    """2 steps of GRPO (tiny-test, groups of 4, micro-batches of one group, KL loss so the reference pass runs)
+    through the shared-prompt forward.
 
     Two runs cannot be compared loss for loss: the CPU rollout server samples concurrent episodes from one
-    stream, so their rollouts differ. What must hold in each run is what the update is built on: the old
-    log-probs the trainer recomputes (through the shared forward when on) equal the rollout server's own
-    (fp32 both) -- verl's ``rollout_corr/log_ppl_diff_max`` -- and the run trains.
+    stream, so their rollouts differ. What must hold is what the update is built on: the old log-probs the
+    trainer recomputes through the shared forward equal the rollout server's own (fp32 both) -- verl's
+    ``rollout_corr/log_ppl_diff_max`` -- and the run trains. The same with the switch off (verl's own forward)
+    is ``test_verls_own_forward_recomputes_the_rollouts_log_probs`` in tests/test_main_ppo.py.
     """
     with env_service("lottery", tmp_path=tmp_path) as running:
         command = training_command(
-            running.url, tmp_path, f"actor_rollout_ref.actor.use_prefix_grouper={str(share).lower()}",
+            running.url, tmp_path, "actor_rollout_ref.actor.use_prefix_grouper=true",
             "actor_rollout_ref.rollout.n=4", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4",
             "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=8",
             "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=8", "actor_rollout_ref.actor.use_kl_loss=true",
-            *FP32)
+            "trainer.save_freq=-1", *FP32)
         result: subprocess.CompletedProcess[str] = run_training(command, tmp_path)
     assert result.returncode == 0, (result.stdout + result.stderr)[-5000:]
     steps = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
@@ -408,8 +409,7 @@ def test_two_step_run_with_switch_on_and_off(tmp_path: Path, share: bool):
     for metrics in steps:
         ratio = [value for key, value in metrics.items() if key.endswith("shared_prompt_token_ratio")]
         assert len(ratio) == 1, sorted(metrics)
-        # on: a group of 4 forwards its prompt once (< 0.9 of the tokens); off: verl's forward, every token
-        assert (ratio[0] < 0.9) if share else (ratio[0] == 1.0), ratio
+        assert ratio[0] < 0.9, ratio  # a group of 4 forwards its prompt once
         assert abs(metrics["rollout_corr/log_ppl_diff_max"]) <= 1e-4, metrics["rollout_corr/log_ppl_diff_max"]
         assert torch.isfinite(torch.tensor(metrics["actor/pg_loss"]))
     # a step whose two groups each drew four equal scores has no advantage, and step 1's KL to the reference

@@ -1,6 +1,7 @@
 """Self-Questioning grounded in observations (profile ``answers``): proofs checked by code, the ``reference``
-grader, generation on the real ``calc`` service with scripted roles, and training on such tasks through
-``main_ppo`` with no LLM call.
+grader and generation on the real ``calc`` service with scripted roles. Training on such tasks through ``main_ppo``
+(their episodes graded by code, no LLM call) is ``test_synthetic_tasks_are_graded_by_their_own_grader`` in
+tests/test_main_ppo.py, in one run with an ``llm``-graded task.
 """
 
 from __future__ import annotations
@@ -14,21 +15,19 @@ from typing import Any
 import pytest
 from env_service_fixture import env_service
 from rich.console import Console
-from scripted_openai_server import SCRIPTED_MODEL, ScriptedOpenAIServer
-from training_fixture import run_training, training_command, training_timeout
+from scripted_openai_server import ScriptedOpenAIServer
 
 from agentevolver.client.env_client import EnvClient
 from agentevolver.client.llm_client import LLMClients
 from agentevolver.config import load_config
-from agentevolver.module.agent_flow import read_rollout_dump
-from agentevolver.module.task_manager import TaskManager, read_objectives, seed_tasks, write_objectives
+from agentevolver.module.task_manager import TaskManager, read_objectives, seed_tasks
 from agentevolver.module.task_manager.__main__ import examples_table, summary_table
 from agentevolver.module.task_manager.answers import final_answer, match_answer
 from agentevolver.module.task_manager.graders import ReferenceGrader
 from agentevolver.module.task_manager.profile import AnswerProof, load_profile
 from agentevolver.module.task_manager.prompts import FILTER_SYSTEM, SUMMARIZER_SYSTEM
 from agentevolver.module.task_manager.proof import observations, prove
-from agentevolver.schema import ChatMessage, Reward, Task, TaskObjective, ToolCall, ToolFunction, Trajectory
+from agentevolver.schema import ChatMessage, Reward, Task, ToolCall, ToolFunction, Trajectory
 
 RULES = AnswerProof(proved_by="observations")
 
@@ -181,42 +180,6 @@ def test_generation_keeps_only_proved_tasks_and_grades_them_by_reference(
     text = console.export_text()
     assert "proof rate 33.3%" in text and "answer_not_observed 2, inputs_not_in_query 2" in text
     assert "What is 17 multiplied by 23?" in text and "calculator(" in text
-
-
-# -- training -----------------------------------------------------------------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def lottery(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    with env_service("lottery", tmp_path=tmp_path_factory.mktemp("grounded_train")) as running:
-        yield running.url
-
-
-@training_timeout
-def test_training_on_synthetic_tasks_graded_by_reference_sends_no_llm_request(
-        lottery: str, scripted_llm: ScriptedOpenAIServer, tmp_path: Path) -> None:
-    """Synthetic tasks with proved answers mixed with the originals: their episodes are scored by the
-    ``reference`` grader (code), the originals by the environment, and no LLM is called while training."""
-    synthetic = [TaskObjective(task=Task(task_id=f"{seed}~syn-{i}", env_type="lottery", query=f"What is {i} + 1?",
-                                         ground_truth=str(i + 1), evaluator="reference",
-                                         metadata={"proof": {"call": f"calculator({i} + 1)"}}),
-                               source="synthetic", seed_task_id=seed)
-                 for i, seed in enumerate(["t0", "t1"])]
-    tasks_file = write_objectives(tmp_path / "synthetic.jsonl", synthetic)
-    done = run_training(training_command(
-        lottery, tmp_path, f"task_manager.synthetic_tasks_path={tasks_file}",
-        "task_manager.mixture.synthetic_data_ratio=1.0", "data.train_max_samples=2",
-        f"llm.endpoints.local.base_url={scripted_llm.base_url}", f"llm.endpoints.local.model={SCRIPTED_MODEL}",
-        "trainer.save_freq=-1"), tmp_path)
-    assert done.returncode == 0, (done.stdout + done.stderr)[-6000:]
-    records = [r for step in (1, 2) for r in read_rollout_dump(tmp_path / "run" / "rollouts" / f"step_{step}.jsonl")]
-    graded = [r for r in records if r["reward"]["description"].startswith("reference grader")]
-    assert len(records) == 8 and len(graded) == 4  # 2 synthetic + 2 original tasks, 2 episodes each
-    assert sorted(next(m["content"] for m in r["messages"] if m["role"] == "user") for r in graded) == [
-        "What is 0 + 1?", "What is 0 + 1?", "What is 1 + 1?", "What is 1 + 1?"]
-    assert all(r["reward"]["outcome"] in (0.0, 1.0) for r in graded)
-    assert all(r["reward"]["description"].startswith("environment score") for r in records if r not in graded)
-    assert scripted_llm.requests == []  # no LLM call during training
 
 
 def test_the_explorer_sees_demonstrated_calls_the_way_its_parser_reads_them() -> None:

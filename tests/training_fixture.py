@@ -34,6 +34,22 @@ FP32 = (
 )
 
 
+#: A custom reward file (verl's ``compute_score`` contract) whose score is a checksum of the response text: the
+#: samples of a GRPO group score differently whatever the random model says, so a single step has advantages
+#: to follow (an environment's 0/1 score ties a whole group now and then). Write it with :func:`checksum_reward`.
+CHECKSUM_REWARD = '''
+def compute_score(data_source, solution_str, ground_truth, extra_info, **kwargs):
+    return (sum(ord(c) for c in solution_str) % 97) / 97.0
+'''
+
+
+def checksum_reward(folder: Path) -> tuple[str, str]:
+    """Write :data:`CHECKSUM_REWARD` into ``folder``; the overrides that make a run score with it."""
+    path = folder / "checksum_reward.py"
+    path.write_text(CHECKSUM_REWARD)
+    return f"reward.custom_reward_function.path={path}", "reward.custom_reward_function.name=compute_score"
+
+
 def training_command(service: str, run_dir: Path, *extra: str) -> list[str]:
     """``python -m agentevolver.main_ppo --config-name quickstart`` shrunk for tests: the run folder is
     ``run_dir/run`` (checkpoints every step, ``rollouts/``, ``metrics.jsonl``), the step table on stdout."""
