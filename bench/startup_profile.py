@@ -8,6 +8,8 @@ agentevolver.main_ppo --config-name quickstart``, tiny-test, lottery, 2 tasks x 
 lottery environment service, with ``--verbose`` so that every process's lines reach the console, and stamps each
 line as it arrives. The milestones come from those lines:
 
+* ``ray.init called``: verl's "ray init kwargs" line, printed just before it (the driver's imports, config and
+  checks are done);
 * ``ray up``: Ray's "Started a local Ray instance";
 * ``<Actor> up``: the first line of each actor's process (Ray prefixes it with the process id; the first line a
   verl process prints is its platform notice, written when it has imported verl), named by the actor that pid
@@ -74,6 +76,8 @@ def milestones(lines: list[tuple[float, str]], exit_s: float, step_times: dict[i
     first_seen: dict[str, float] = {}
     names: dict[str, str] = {}
     for at, line in lines:
+        if line.startswith("ray init kwargs:"):  # verl prints it just before ray.init
+            found.setdefault("ray.init called", at)
         if "Started a local Ray instance" in line:
             found.setdefault("ray up", at)
         if "After FSDP" in line:
