@@ -34,7 +34,7 @@ from agentevolver.experiments.plan import AblationPlan, plan_ablation
 from agentevolver.experiments.report import _y_range, write_report
 from agentevolver.experiments.runner import Runner
 from agentevolver.experiments.spec import load_spec, parse_arms
-from agentevolver.experiments.state import STATE_FILE, RunState, final_step_logged, relocate
+from agentevolver.experiments.state import STATE_FILE, RunState, final_step_logged, relocate, same_preset
 
 QUICKSTART = REPO_ROOT / "examples" / "quickstart.yaml"
 ABLATION = REPO_ROOT / "examples" / "ablation" / "quickstart.yaml"
@@ -308,6 +308,17 @@ def test_a_finished_ablation_in_a_moved_checkout_is_the_same_command(tmp_path: P
     (changed.run_dir / STATE_FILE).write_text((old_run.run_dir / STATE_FILE).read_text())
     with pytest.raises(ConfigError, match="was made with another command"):
         RunState(changed).check_same_command()  # moved and changed: still refused
+
+
+def test_a_preset_of_this_checkout_is_the_same_preset_from_another_checkout() -> None:
+    """Runs started from a worktree (``--out`` in the main checkout) are reported from the main checkout: the
+    run folders did not move, only the preset's checkout did."""
+    here = REPO_ROOT / "examples" / "calc_self_questioning.yaml"
+    assert same_preset("/tmp/se_tree/examples/calc_self_questioning.yaml", here)
+    assert same_preset(str(here), here)
+    assert not same_preset("/tmp/se_tree/examples/quickstart.yaml", here)
+    assert not same_preset("/tmp/se_tree/other/calc_self_questioning.yaml", here)
+    assert not same_preset("/tmp/a/preset.yaml", Path("/tmp/b/preset.yaml"))  # outside the checkout: path only
 
 
 def test_relocate_moves_only_paths_under_the_old_root() -> None:

@@ -21,7 +21,8 @@ from agentevolver.backends.cpu.precision import machine_summary
 from agentevolver.errors import ConfigError
 from agentevolver.experiments.plan import RunPlan
 
-__all__ = ["METRICS_FILE", "STATE_FILE", "RunState", "final_step_logged", "now", "read_metrics_file", "relocate"]
+__all__ = ["METRICS_FILE", "STATE_FILE", "RunState", "final_step_logged", "now", "read_metrics_file", "relocate",
+           "same_preset"]
 
 #: Per-run state file, in the run's folder.
 STATE_FILE = "ablation_run.json"
@@ -84,6 +85,26 @@ def relocate(texts: list[str], old_run_dir: Path | None, new_run_dir: Path) -> l
     return [_move_prefix(text, old_root, new_root) for text in texts]
 
 
+#: The checkout this package runs from: a preset inside it is named by its path relative to it.
+_CHECKOUT = Path(__file__).resolve().parents[2]
+
+
+def same_preset(stored: str, current: Path) -> bool:
+    """Whether the stored preset path names ``current``: the same path, or the same file of this project's
+    checkout in another checkout (``<elsewhere>/examples/x.yaml`` for ``<here>/examples/x.yaml``).
+
+    Why: runs are often started from a worktree whose folder is gone by the time their report is written
+    from the main checkout (``--out`` absolute, so the run folders did not move and :func:`relocate` has
+    nothing to go by)."""
+    if Path(stored) == current:
+        return True
+    try:
+        inside = current.resolve().relative_to(_CHECKOUT)
+    except ValueError:  # a preset of the user's own, outside this checkout: only its own path names it
+        return False
+    return Path(stored).parts[-len(inside.parts):] == inside.parts
+
+
 def _move_prefix(text: str, old_root: str, new_root: str) -> str:
     """Each path in ``text`` (the whole text, or an override's value) under ``old_root`` moved to ``new_root``."""
     key, sep, value = text.partition("=")
@@ -125,6 +146,8 @@ class RunState:
             return
         stored = relocate([str(self.data.get("conf")), *self.data.get("overrides", [])], self.stored_run_dir(),
                           self.run.run_dir)
+        if same_preset(stored[0], self.run.conf):
+            stored[0] = str(self.run.conf)
         stored_keys = {str(override).partition("=")[0] for override in stored}
         current = [override for override in self.run.overrides
                    if override.partition("=")[0] not in _LATER_RUNNER_KEYS or override.partition("=")[0] in stored_keys]
