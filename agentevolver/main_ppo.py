@@ -4,8 +4,8 @@ Hydra composes the root config (``config/agentevolver.yaml``: verl's ``ppo_train
 sections) or a preset from ``examples/`` (``--config-name quickstart``). This module validates our
 sections (every problem named at once), resolves the model path (built-in names such as ``tiny-test``
 work) and the rollout dump folder, and hands over to verl's ``run_ppo`` with
-our :class:`~agentevolver.verl.task_runner.TaskRunner`: ``ray.init`` -> TaskRunner actor ->
-workers, rollout servers, agent loops -> ``fit()``.
+our :class:`~agentevolver.verl.task_runner.TaskRunner`: ``ray.init`` -> the TaskRunner (in this process, or an
+actor: ``trainer.task_runner``) -> workers, rollout servers, agent loops -> ``fit()``.
 """
 
 from __future__ import annotations
@@ -32,6 +32,7 @@ def prepare_config(cfg: DictConfig) -> DictConfig:
     from agentevolver.models import resolve_model_path
     from agentevolver.module.agent_flow.dump import rollout_dump_dir
     from agentevolver.module.agent_flow.plugins import plugin_name_errors
+    from agentevolver.verl.driver_runner import runs_in_driver
 
     settings = validate_config(cfg, checks=(plugin_name_errors,))
     _check_loggers(cfg.trainer.get("logger"))
@@ -44,6 +45,7 @@ def prepare_config(cfg: DictConfig) -> DictConfig:
     _runtime_env_vars_as_text(cfg)
     _resolve_allocator(cfg)
     _join_running_cluster(cfg)
+    runs_in_driver(cfg)  # trainer.task_runner names a choice: said before Ray starts
     with open_dict(cfg):
         cfg.actor_rollout_ref.model.path = str(resolve_model_path(str(cfg.actor_rollout_ref.model.path)))
         # Absolute here: the TaskRunner and workers may run on other nodes, in other working directories.
@@ -210,7 +212,8 @@ def train(cfg: DictConfig) -> None:
     from verl.trainer.main_ppo import run_ppo
 
     from agentevolver.verl.cluster import pin_to_driver_node
-    from agentevolver.verl.task_runner import TaskRunner
+    from agentevolver.verl.driver_runner import InDriver, runs_in_driver, runtime_env_vars
+    from agentevolver.verl.task_runner import TaskRunner, TaskRunnerActor
 
     cfg = prepare_config(cfg)
     finished = finished_message(cfg)
@@ -219,7 +222,10 @@ def train(cfg: DictConfig) -> None:
         return
     check_verl_patches()
     quiet_console(cfg)
-    run_ppo(cfg, task_runner_class=pin_to_driver_node(TaskRunner))  # it writes the run folder: the driver's node
+    if runs_in_driver(cfg):  # the driver has imported the stack already: no process of its own to start
+        run_ppo(cfg, task_runner_class=InDriver(TaskRunner, runtime_env_vars(cfg)))
+    else:  # it writes the run folder: the driver's node
+        run_ppo(cfg, task_runner_class=pin_to_driver_node(TaskRunnerActor))
 
 
 def quiet_console(cfg: DictConfig) -> None:

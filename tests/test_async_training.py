@@ -15,8 +15,16 @@ from pathlib import Path
 
 import pytest
 from env_service_fixture import env_service
-from scripted_openai_server import SCRIPTED_MODEL, ScriptedOpenAIServer
-from training_fixture import dumped_tasks, resume_from, run_training, training_command, training_timeout
+from scripted_openai_server import ScriptedOpenAIServer
+from training_fixture import (
+    GROUPS_OF_4,
+    adca_judge,
+    dumped_tasks,
+    resume_from,
+    run_training,
+    training_command,
+    training_timeout,
+)
 
 from agentevolver.errors import ConfigError
 from agentevolver.module.agent_flow import read_rollout_dump
@@ -163,15 +171,9 @@ def service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 def async_command(service: str, run_dir: Path, judge: ScriptedOpenAIServer, *extra: str) -> list[str]:
     """3 async steps with Self-Attributing on (ADCA-GRPO, ``judge`` answering every episode), so this run also
     proves that step labels work when a step's episodes were rolled out during the previous update."""
-    # groups of 4 (as in test_main_ppo.py): with 2 per group both groups of a step drew equal lottery scores now
-    # and then, and that step had no gradient
-    return training_command(service, run_dir, "trainer.mode=async", "trainer.max_staleness=1",
-                            "actor_rollout_ref.rollout.n=4", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4",
+    return training_command(service, run_dir, "trainer.mode=async", "trainer.max_staleness=1", *GROUPS_OF_4,
                             "trainer.total_training_steps=3", "trainer.save_freq=2", "trainer.test_freq=2",
-                            "data.val_max_samples=2", "algorithm.adv_estimator=adca_grpo",
-                            f"llm.endpoints.local.base_url={judge.base_url}",
-                            f"llm.endpoints.local.model={SCRIPTED_MODEL}", "llm.endpoints.local.backoff_initial_s=0",
-                            *extra)
+                            "data.val_max_samples=2", *adca_judge(judge.base_url), *extra)
 
 
 

@@ -16,7 +16,7 @@ import pytest
 import torch
 from env_service_fixture import env_service
 from omegaconf import DictConfig
-from training_fixture import FP32, run_training, training_command, training_timeout
+from training_fixture import run_training, shared_prompt_check, training_command, training_timeout
 
 from agentevolver.models import resolve_model_path
 from agentevolver.verl.shared_prefix import (
@@ -396,12 +396,7 @@ def test_two_step_run_with_the_switch_on(tmp_path: Path) -> None:
     is ``test_verls_own_forward_recomputes_the_rollouts_log_probs`` in tests/test_main_ppo.py.
     """
     with env_service("lottery", tmp_path=tmp_path) as running:
-        command = training_command(
-            running.url, tmp_path, "actor_rollout_ref.actor.use_prefix_grouper=true",
-            "actor_rollout_ref.rollout.n=4", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4",
-            "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=8",
-            "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=8", "actor_rollout_ref.actor.use_kl_loss=true",
-            "trainer.save_freq=-1", *FP32)
+        command = training_command(running.url, tmp_path, *shared_prompt_check(shared=True))
         result: subprocess.CompletedProcess[str] = run_training(command, tmp_path)
     assert result.returncode == 0, (result.stdout + result.stderr)[-5000:]
     steps = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 
 import psutil
 import pytest
+from scripted_openai_server import SCRIPTED_MODEL
 
 if TYPE_CHECKING:
     import torch
@@ -32,6 +33,28 @@ FP32 = (
     "actor_rollout_ref.ref.fsdp_config.mixed_precision.param_dtype=fp32",
     "actor_rollout_ref.rollout.dtype=fp32",
 )
+
+
+#: Groups of 4 samples per task, one micro-batch per group: with 2 per group both groups of a step drew equal
+#: lottery scores now and then, and that step had no gradient.
+GROUPS_OF_4 = ("actor_rollout_ref.rollout.n=4", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4")
+
+
+def adca_judge(base_url: str) -> tuple[str, ...]:
+    """Overrides that turn Self-Attributing on (ADCA-GRPO) with the judge at ``base_url`` (a scripted
+    OpenAI-compatible server in tests) and no back-off between its retries."""
+    return ("algorithm.adv_estimator=adca_grpo", f"llm.endpoints.local.base_url={base_url}",
+            f"llm.endpoints.local.model={SCRIPTED_MODEL}", "llm.endpoints.local.backoff_initial_s=0")
+
+
+def shared_prompt_check(shared: bool) -> tuple[str, ...]:
+    """The settings under which the trainer's recomputed log-probs must equal the rollout server's, with the
+    shared-prompt forward on or off: groups of 4 (so prompts repeat), fp32 on both sides, the KL loss on so the
+    reference pass runs too, no checkpoints."""
+    return (f"actor_rollout_ref.actor.use_prefix_grouper={str(shared).lower()}", *GROUPS_OF_4,
+            "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=8",
+            "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=8",
+            "actor_rollout_ref.actor.use_kl_loss=true", *FP32, "trainer.save_freq=-1")
 
 
 #: A custom reward file (verl's ``compute_score`` contract) whose score is a checksum of the response text: the

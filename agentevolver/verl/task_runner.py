@@ -1,4 +1,4 @@
-"""The Ray actor that wires one training run: workers, datasets of tasks, our trainer; then ``fit()``.
+"""The TaskRunner, which wires one training run: workers, datasets of tasks, our trainer; then ``fit()``.
 
 It follows verl's legacy ``TaskRunner`` (same worker roles, resource pools and config validation) and
 changes what differs for agent-environment training: the datasets are the environment's task splits
@@ -16,7 +16,7 @@ from verl.trainer.main_ppo_v0 import BaseTaskRunner
 
 from agentevolver.config import AgentEvolverSettings, validate_config
 
-__all__ = ["TaskRunner", "build_datasets"]
+__all__ = ["TaskRunner", "TaskRunnerActor", "build_datasets"]
 
 logger = logging.getLogger(__name__)
 
@@ -29,9 +29,9 @@ def build_datasets(config: DictConfig, settings: AgentEvolverSettings) -> tuple[
     return build_task_datasets(config, settings)
 
 
-@ray.remote
 class TaskRunner(BaseTaskRunner):
-    """Runs one training job inside the Ray cluster (see the module docstring)."""
+    """Runs one training job (see the module docstring): in the driver's process
+    (:class:`~agentevolver.verl.driver_runner.InDriver`) or as the Ray actor :data:`TaskRunnerActor`."""
 
     def run(self, config: DictConfig) -> None:
         from verl.trainer.ppo.utils import create_rl_sampler, need_critic, need_reference_policy
@@ -72,3 +72,8 @@ class TaskRunner(BaseTaskRunner):
         )
         trainer.init_workers()
         trainer.fit()
+
+
+#: The TaskRunner as a Ray actor (``trainer.task_runner=actor``; verl's own way). Ray names the actor by the
+#: class, so its lines read ``(TaskRunner pid=...)`` as verl's do.
+TaskRunnerActor = ray.remote(TaskRunner)

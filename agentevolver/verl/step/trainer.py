@@ -279,7 +279,7 @@ class AgentEvolverTrainer(RayPPOTrainer):
 
         # the epoch a resumed run is in: the steps done so far over the batches per epoch (verl's rule)
         start_epoch = self.global_steps // max(len(self.train_dataloader), 1)
-        progress = tqdm(total=self.total_training_steps, initial=self.global_steps, desc="Training Progress")
+        progress = self._progress_bar()
         self.global_steps += 1
         SkipManager.set_step(self.global_steps)
         profiled = self.config.global_profiler.steps or []
@@ -317,13 +317,22 @@ class AgentEvolverTrainer(RayPPOTrainer):
                 if step >= self.total_training_steps:
                     return
 
+    def _progress_bar(self) -> tqdm:
+        """verl's "Training Progress" bar, off when the step table (``trainer.logger`` has ``table``) prints a
+        row per step already: in the driver's process (``trainer.task_runner``) the bar's redraws would land
+        between the table's rows, where Ray's line-by-line forwarding of an actor's output held them back."""
+        loggers = self.config.trainer.get("logger") or []
+        table = "table" in ([loggers] if isinstance(loggers, str) else list(loggers))
+        return tqdm(total=self.total_training_steps, initial=self.global_steps, desc="Training Progress",
+                    disable=table)
+
     def _train_async(self, tracking: Any, bound: int) -> None:
         """The loop of async training: later steps roll out in a thread while each step trains
         (:mod:`agentevolver.verl.async_loop`). The step's stages are :data:`STEP`'s, split at ``faults``."""
         from verl.utils.skip.skip_manager import SkipManager
 
         start_epoch = self.global_steps // max(len(self.train_dataloader), 1)
-        progress = tqdm(total=self.total_training_steps, initial=self.global_steps, desc="Training Progress")
+        progress = self._progress_bar()
         after_rollout = STEP[len(ROLLOUT_STAGES):]
         train_stages = tuple(stage for stage in after_rollout if stage.name not in (*PAUSED_STAGES, "metrics"))
         paused_stages = tuple(stage for stage in after_rollout if stage.name in PAUSED_STAGES)
