@@ -186,11 +186,10 @@ def _check_loggers(value: object) -> None:
     """``trainer.logger`` names only backends that exist (verl's would fail later, inside a Ray actor)."""
     from verl.utils.tracking import Tracking
 
-    from agentevolver.verl.tracking import OWN_BACKENDS
+    from agentevolver.verl.tracking import OWN_BACKENDS, logger_names
 
-    names = [value] if isinstance(value, str) else list(value or [])
     known = [*OWN_BACKENDS, *Tracking.supported_backend]
-    unknown = [str(name) for name in names if name not in known]
+    unknown = [name for name in logger_names(value) if name not in known]
     if unknown:
         raise ConfigError(f"trainer.logger: unknown backend(s) {unknown}; choose from {known}")
 

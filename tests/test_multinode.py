@@ -148,6 +148,21 @@ def test_joining_a_running_cluster_leaves_out_the_local_ray_sizes(monkeypatch: p
     assert drop_local_ray_sizes(compose_config([]))["address"] == "10.0.0.1:6379"
 
 
+def test_the_cluster_address_is_read_as_ray_init_reads_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    """One reading for every choice made before ``ray.init``: the config's address first, then ``RAY_ADDRESS``."""
+    from agentevolver.config import compose_config
+    from agentevolver.verl.cluster import ray_address
+    from agentevolver.verl.driver_runner import runs_in_driver
+
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    assert ray_address(compose_config([])) == ""
+    monkeypatch.setenv("RAY_ADDRESS", "ray://head:10001")
+    assert ray_address(compose_config([])) == "ray://head:10001"
+    cfg = compose_config(["+ray_kwargs.ray_init.address=10.0.0.1:6379"])
+    assert ray_address(cfg) == "10.0.0.1:6379"  # the config wins over the environment, as in ray.init
+    assert runs_in_driver(cfg) and not runs_in_driver(compose_config([]))
+
+
 def test_two_nodes_train_with_fsdp_world_size_2_and_resume_from_step_1(two_nodes: TwoNodes, service: str,
                                                                       tmp_path: Path) -> None:
     first = tmp_path / "first"

@@ -14,7 +14,7 @@ from agentevolver.config import compose_config
 from agentevolver.errors import ConfigError
 from agentevolver.main_ppo import prepare_config
 from agentevolver.verl import patches as verl_patches
-from agentevolver.verl.tracking import HEADER_EVERY, RunTracking, StepTable, read_metrics
+from agentevolver.verl.tracking import HEADER_EVERY, RunTracking, StepTable, logger_names, read_metrics
 
 STEP_METRICS = {"critic/score/mean": 0.5, "episode/success_rate": 0.25, "response_length/mean": 41.2,
                 "num_turns/mean": 2.0, "actor/pg_loss": -0.0123, "actor/ppo_kl": 0.0004,
@@ -68,6 +68,12 @@ def test_step_table_rows_header_and_validation_line() -> None:
 def test_jsonl_without_a_run_dir_is_a_config_error() -> None:
     with pytest.raises(ValueError, match="default_local_dir"):
         RunTracking("p", "e", ["jsonl"], {"trainer": {}})
+
+
+def test_logger_names_takes_one_name_or_a_list() -> None:
+    assert logger_names("table") == ["table"]
+    assert logger_names(["console", "jsonl"]) == ["console", "jsonl"]
+    assert logger_names(None) == []
 
 
 def test_unknown_logger_is_rejected_before_the_run(tmp_path: Path) -> None:

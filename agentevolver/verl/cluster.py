@@ -152,6 +152,14 @@ class ClusterReport:
 LOCAL_RAY_SIZES = ("num_cpus", "num_gpus")
 
 
+def ray_address(cfg: Any) -> str:
+    """The Ray cluster this run joins: ``ray_kwargs.ray_init.address``, else ``RAY_ADDRESS``, else ``""`` (a Ray
+    the driver starts itself). ``ray.init`` reads the two in that order, so every choice made before it (sizes
+    to leave out, where the TaskRunner runs) reads them here the same way."""
+    return str(OmegaConf.select(cfg, "ray_kwargs.ray_init.address", default=None) or os.environ.get("RAY_ADDRESS")
+               or "")
+
+
 def drop_local_ray_sizes(cfg: Any) -> dict[str, Any]:
     """Leave out ``ray_kwargs.ray_init.num_cpus``/``num_gpus`` when the run joins a running Ray cluster.
 
@@ -166,7 +174,7 @@ def drop_local_ray_sizes(cfg: Any) -> dict[str, Any]:
     ray_init = OmegaConf.select(cfg, "ray_kwargs.ray_init", default=None)
     if ray_init is None:
         return {}
-    address = str(ray_init.get("address") or os.environ.get("RAY_ADDRESS") or "")
+    address = ray_address(cfg)
     if address in ("", "local"):
         return {}
     keys = [f"ray_kwargs.ray_init.{key}" for key in LOCAL_RAY_SIZES if ray_init.get(key) is not None]

@@ -26,6 +26,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from agentevolver.errors import ConfigError
+from agentevolver.verl.cluster import ray_address
 
 __all__ = ["CHOICES", "InDriver", "runs_in_driver", "runtime_env_vars"]
 
@@ -42,9 +43,7 @@ def runs_in_driver(cfg: DictConfig) -> bool:
         raise ConfigError(f"trainer.task_runner: must be one of {', '.join(CHOICES)}; got {choice!r}")
     if choice != "auto":
         return choice == "driver"
-    address = str(OmegaConf.select(cfg, "ray_kwargs.ray_init.address", default=None) or os.environ.get("RAY_ADDRESS")
-                  or "")
-    return not address.startswith(_CLIENT_PREFIX)
+    return not ray_address(cfg).startswith(_CLIENT_PREFIX)
 
 
 def runtime_env_vars(cfg: DictConfig) -> dict[str, str]:

@@ -149,6 +149,11 @@ class StepTable:
         self.rows += 1
 
 
+def logger_names(value: object) -> list[str]:
+    """``trainer.logger`` as a list of backend names: verl takes one name or a list of them."""
+    return [str(value)] if isinstance(value, str) else [str(name) for name in (value or [])]
+
+
 def _run_dir(config: Mapping[str, Any] | None) -> Path | None:
     trainer = (config or {}).get("trainer") or {}
     folder = trainer.get("default_local_dir")
@@ -160,7 +165,7 @@ class RunTracking(Tracking):
 
     def __init__(self, project_name: str, experiment_name: str, default_backend: str | list[str] = "console",
                  config: Mapping[str, Any] | None = None) -> None:
-        names = [default_backend] if isinstance(default_backend, str) else list(default_backend)
+        names = logger_names(default_backend)
         run_dir = _run_dir(config)
         if "tensorboard" in names and run_dir is not None and "TENSORBOARD_DIR" not in os.environ:
             os.environ["TENSORBOARD_DIR"] = str(run_dir / "tensorboard")

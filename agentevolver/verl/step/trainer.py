@@ -321,8 +321,9 @@ class AgentEvolverTrainer(RayPPOTrainer):
         """verl's "Training Progress" bar, off when the step table (``trainer.logger`` has ``table``) prints a
         row per step already: in the driver's process (``trainer.task_runner``) the bar's redraws would land
         between the table's rows, where Ray's line-by-line forwarding of an actor's output held them back."""
-        loggers = self.config.trainer.get("logger") or []
-        table = "table" in ([loggers] if isinstance(loggers, str) else list(loggers))
+        from agentevolver.verl.tracking import logger_names
+
+        table = "table" in logger_names(self.config.trainer.get("logger"))
         return tqdm(total=self.total_training_steps, initial=self.global_steps, desc="Training Progress",
                     disable=table)
 
