@@ -355,20 +355,26 @@ class HFReplica(RolloutReplica):
             name = server_actor_name(self.replica_rank, f"_teacher{self.name_suffix}")
         else:
             name = server_actor_name(self.replica_rank, self.name_suffix)
-        server = (
-            ray.remote(HFRolloutServer)
-            .options(
-                name=name,
-                scheduling_strategy=NodeAffinitySchedulingStrategy(node_id=node_id, soft=False),
-                max_concurrency=self.max_concurrency,
+        from agentevolver.verl import prestart
+
+        # started with the training workers (trainer.prestart) if it was created from these very arguments
+        server = prestart.take_server(name, prestart.server_key(self.config, self.model_config, self.rollout_mode,
+                                                                self.replica_rank, node_id))
+        if server is None:
+            server = (
+                ray.remote(HFRolloutServer)
+                .options(
+                    name=name,
+                    scheduling_strategy=NodeAffinitySchedulingStrategy(node_id=node_id, soft=False),
+                    max_concurrency=self.max_concurrency,
+                )
+                .remote(
+                    config=self.config,
+                    model_config=self.model_config,
+                    rollout_mode=self.rollout_mode,
+                    replica_rank=self.replica_rank,
+                )
             )
-            .remote(
-                config=self.config,
-                model_config=self.model_config,
-                rollout_mode=self.rollout_mode,
-                replica_rank=self.replica_rank,
-            )
-        )
         info = await server.ready.remote()
         logger.info("hf rollout server %s ready: %s", name, info)
         self.servers = [server]

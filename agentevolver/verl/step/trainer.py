@@ -169,7 +169,18 @@ class AgentEvolverTrainer(RayPPOTrainer):
 
     # ------------------------------------------------------------------ start-up
     def init_workers(self) -> None:
-        super().init_workers()
+        """verl's start of the workers, with the rollout server and agent-loop worker processes started beside
+        the training workers (``trainer.prestart``, :mod:`agentevolver.verl.prestart`)."""
+        from agentevolver.verl import prestart
+
+        started = prestart.begin(self.config)
+        try:
+            super().init_workers()
+        finally:
+            left = prestart.release()
+        if left:
+            logger.warning("prestart: %s started early but not taken over by verl (stopped); started: %s", left,
+                           started)
         self._give_actor_exp_loss()
         if self.experience is not None:
             self.experience.check_memory()
