@@ -40,6 +40,7 @@ def prepare_config(cfg: DictConfig) -> DictConfig:
     _check_stages(cfg, settings)
     _check_lora(cfg)
     _check_async(cfg)
+    _check_reward_workers(cfg)
     _resolve_compute_dtypes(cfg)
     _resolve_worker_threads(cfg)
     _runtime_env_vars_as_text(cfg)
@@ -169,6 +170,17 @@ def _check_async(cfg: DictConfig) -> None:
     from agentevolver.verl.async_loop import check_async
 
     check_async(cfg)
+
+
+def _check_reward_workers(cfg: DictConfig) -> None:
+    """``reward.num_workers: 0`` (the CPU preset) leaves out verl's reward-loop workers. Our agent loop scores
+    every episode (every task row names it: agentevolver/verl/task_dataset.py), so they would only serve a reward
+    model, which then needs at least one."""
+    if int(OmegaConf.select(cfg, "reward.num_workers", default=1) or 0) > 0:
+        return
+    if bool(OmegaConf.select(cfg, "reward.reward_model.enable", default=False)):
+        raise ConfigError("reward.num_workers: 0 starts no reward-loop worker, but reward.reward_model.enable is "
+                          "true and the reward model is served by them; set reward.num_workers=1 or more")
 
 
 def _join_running_cluster(cfg: DictConfig) -> None:

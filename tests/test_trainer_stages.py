@@ -126,3 +126,12 @@ def test_prepare_config_resolves_the_model_and_points_dumps_at_the_run_dir(tmp_p
     assert moved.agent_flow.dump.dir == "/x/y"
     with pytest.raises(ConfigError, match=r"agent_flow\.max_steps"):
         prepare_config(compose_config(["agent_flow.max_steps=0"]))
+
+
+def test_no_reward_loop_worker_unless_a_reward_model_needs_one() -> None:
+    """The CPU preset starts no reward-loop worker (our agent loop scores every episode); a reward model needs one."""
+    cfg = prepare_config(compose_config(["actor_rollout_ref.model.path=tiny-test"], config_name="quickstart"))
+    assert cfg.reward.num_workers == 0
+    with pytest.raises(ConfigError, match=r"reward\.num_workers: 0 .* reward\.reward_model\.enable"):
+        prepare_config(compose_config(["actor_rollout_ref.model.path=tiny-test", "reward.reward_model.enable=true"],
+                                      config_name="quickstart"))
