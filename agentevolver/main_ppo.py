@@ -41,6 +41,7 @@ def prepare_config(cfg: DictConfig) -> DictConfig:
     _check_lora(cfg)
     _check_async(cfg)
     _check_reward_workers(cfg)
+    _choose_request_router(cfg)
     _resolve_compute_dtypes(cfg)
     _resolve_worker_threads(cfg)
     _runtime_env_vars_as_text(cfg)
@@ -181,6 +182,21 @@ def _check_reward_workers(cfg: DictConfig) -> None:
     if bool(OmegaConf.select(cfg, "reward.reward_model.enable", default=False)):
         raise ConfigError("reward.num_workers: 0 starts no reward-loop worker, but reward.reward_model.enable is "
                           "true and the reward model is served by them; set reward.num_workers=1 or more")
+
+
+def _choose_request_router(cfg: DictConfig) -> None:
+    """``trainer.request_router: light`` points verl's ``rollout.router_config_path`` at our router, which routes
+    as verl's balancer does without importing verl (agentevolver/verl/router.py), unless the run names a router
+    of its own or asks for ``rollout.full_determinism``."""
+    from agentevolver.verl.router import ROUTER_YAML
+
+    choice = str(OmegaConf.select(cfg, "trainer.request_router", default="light"))
+    if choice not in ("light", "verl"):
+        raise ConfigError(f"trainer.request_router: must be light or verl; got {choice!r}")
+    rollout = cfg.actor_rollout_ref.rollout
+    if choice == "light" and not rollout.get("router_config_path") and not rollout.get("full_determinism", False):
+        with open_dict(cfg):
+            rollout.router_config_path = str(ROUTER_YAML)
 
 
 def _join_running_cluster(cfg: DictConfig) -> None:

@@ -99,6 +99,59 @@ def milestones(lines: list[tuple[float, str]], exit_s: float, step_times: dict[i
     return dict(sorted(found.items(), key=lambda item: item[1]))
 
 
+def process_label(cmdline: list[str], name: str) -> str:
+    """Which part of a run a process is: a Ray actor by its class (its title is ``ray::Class.method``), Ray's own
+    daemons by their program, anything else by its name."""
+    title = " ".join(cmdline)
+    if title.startswith("ray::"):
+        return "ray::" + title[5:].split(".")[0].split(" ")[0].split(":")[0]
+    for marker, label in (("gcs_server", "ray gcs_server"), ("raylet", "ray raylet"),
+                          ("dashboard/agent.py", "ray dashboard agent"), ("runtime_env/agent", "ray runtime-env agent"),
+                          ("log_monitor.py", "ray log monitor"), ("agentevolver.main_ppo", "driver (main_ppo)")):
+        if marker in title:
+            return label
+    return name
+
+
+class CpuSampler(threading.Thread):
+    """CPU seconds (user + system) of every process below ``root``, read every ``interval`` s and kept per process at
+    its last reading, then summed by :func:`process_label`. A process that lives less than one interval is missed
+    and the last interval of each is lost: the sums are a floor. On a machine whose cores are all busy (the test
+    suite runs two training runs at once) a run costs its CPU seconds, not its start-up's wall time."""
+
+    def __init__(self, root: int, interval: float = 0.25) -> None:
+        super().__init__(daemon=True)
+        self.root, self.interval = root, interval
+        self.seen: dict[int, tuple[str, float]] = {}
+        self.done = threading.Event()
+
+    def run(self) -> None:
+        import psutil
+
+        while not self.done.is_set():
+            try:
+                family = [psutil.Process(self.root), *psutil.Process(self.root).children(recursive=True)]
+            except psutil.Error:
+                family = []
+            for process in family:
+                try:
+                    with process.oneshot():
+                        times = process.cpu_times()
+                        label = process_label(process.cmdline(), process.name())
+                except psutil.Error:
+                    continue
+                self.seen[process.pid] = (label, times.user + times.system)
+            self.done.wait(self.interval)
+
+    def by_label(self) -> dict[str, float]:
+        self.done.set()
+        self.join()
+        sums: dict[str, float] = {}
+        for label, seconds in self.seen.values():
+            sums[label] = sums.get(label, 0.0) + seconds
+        return dict(sorted(sums.items(), key=lambda item: -item[1]))
+
+
 def run_once(service: str, arm: list[str], steps: int, folder: Path) -> dict:
     from training_fixture import training_command, training_env
 
@@ -109,7 +162,10 @@ def run_once(service: str, arm: list[str], steps: int, folder: Path) -> dict:
     began = time.perf_counter()
     process = subprocess.Popen(command, cwd=folder, env=training_env(), stdout=subprocess.PIPE,
                                stderr=subprocess.STDOUT, text=True)
+    sampler = CpuSampler(process.pid)
+    sampler.start()
     lines = stamp_lines(process, began)
+    cpu = sampler.by_label()
     exit_s = time.perf_counter() - began
     if process.returncode != 0:
         tail = "\n".join(line for _, line in lines[-40:])
@@ -120,7 +176,7 @@ def run_once(service: str, arm: list[str], steps: int, folder: Path) -> dict:
     startup = marks.get("step 1 starts (est.)", float("nan"))
     last = marks.get(f"step {steps}", float("nan"))
     return {"marks": marks, "startup_s": startup, "steps_s": sum(step_times.values()), "teardown_s": exit_s - last,
-            "total_s": exit_s}
+            "total_s": exit_s, "cpu_s": cpu, "cpu_total_s": sum(cpu.values())}
 
 
 def load_average() -> str:
@@ -156,7 +212,8 @@ def main() -> None:
                 result = run_once(running.url, arms[name], args.steps, folder)
                 results[name].append(result)
                 print(f"rep {rep} {name}: start-up {result['startup_s']:.1f} s, steps {result['steps_s']:.1f} s, "
-                      f"teardown {result['teardown_s']:.1f} s, total {result['total_s']:.1f} s "
+                      f"teardown {result['teardown_s']:.1f} s, total {result['total_s']:.1f} s, "
+                      f"CPU {result['cpu_total_s']:.1f} s "
                       f"(load {load_average()})", flush=True)
     print(f"load average at the end: {load_average()}\n")
 
@@ -171,12 +228,23 @@ def main() -> None:
             print(f"| {key} | {value:.1f} | {value - previous:+.1f} |")
             previous = value
         print()
-    print("| arm | start-up s | steps s | teardown s | total s | start-up vs first |\n|---|---|---|---|---|---|")
+    labels = sorted({label for runs in results.values() for run in runs for label in run["cpu_s"]},
+                    key=lambda label: -statistics.median(run["cpu_s"].get(label, 0.0) for run in results[first]))
+    print("## CPU seconds by process (user + system, median; a floor, see CpuSampler)\n")
+    print("| process | " + " | ".join(results) + " |\n|---|" + "---|" * len(results))
+    for label in labels:
+        cells = [statistics.median(run["cpu_s"].get(label, 0.0) for run in runs) for runs in results.values()]
+        print(f"| {label} | " + " | ".join(f"{cell:.1f}" for cell in cells) + " |")
+    print()
+    print("| arm | start-up s | steps s | teardown s | total s | CPU s | start-up vs first | CPU vs first |\n"
+          "|---|---|---|---|---|---|---|---|")
     base = statistics.median(run["startup_s"] for run in results[first])
+    base_cpu = statistics.median(run["cpu_total_s"] for run in results[first])
     for name, runs in results.items():
         cells = [statistics.median(run[key] for run in runs) for key in ("startup_s", "steps_s", "teardown_s",
-                                                                           "total_s")]
-        print(f"| {name} | " + " | ".join(f"{cell:.1f}" for cell in cells) + f" | {base / cells[0]:.2f}x |")
+                                                                           "total_s", "cpu_total_s")]
+        print(f"| {name} | " + " | ".join(f"{cell:.1f}" for cell in cells)
+              + f" | {base / cells[0]:.2f}x | {base_cpu / cells[4]:.2f}x |")
     if args.out:
         args.out.write_text(json.dumps(results, indent=1))
 

@@ -70,3 +70,19 @@ def test_startup_profile_reads_milestones_from_ray_prefixed_lines() -> None:
     assert marks == {"ray up": 1.0, "TaskRunner up": 2.0, "WorkerDict up": 4.0, "model in FSDP": 5.0,
                      "step 1 starts (est.)": 5.0, "AgentLoopWorker up": 6.0, "step 1": 8.0, "step 2": 9.5,
                      "exit": 12.0}
+
+
+def test_startup_profile_labels_processes_by_actor_and_ray_daemon() -> None:
+    """The CPU table's rows: an actor by its class whatever method it runs, Ray's daemons by their program."""
+    sys.path.insert(0, str(REPO_ROOT / "bench"))
+    from startup_profile import process_label
+
+    assert process_label(["ray::WorkerDict.actor_rollout_update_actor"], "python") == "ray::WorkerDict"
+    assert process_label(["ray::HFRolloutServer"], "python") == "ray::HFRolloutServer"
+    assert process_label(["ray::IDLE"], "python") == "ray::IDLE"
+    assert process_label(["/venv/lib/ray/core/src/ray/gcs/gcs_server", "--port=1"], "gcs_server") == "ray gcs_server"
+    assert process_label(["python", "-u", "/venv/lib/ray/dashboard/agent.py", "--node-ip-address=x"],
+                         "python") == "ray dashboard agent"
+    assert process_label(["python", "-m", "agentevolver.main_ppo", "--config-name", "quickstart"],
+                         "python") == "driver (main_ppo)"
+    assert process_label(["sleep", "1"], "sleep") == "sleep"
