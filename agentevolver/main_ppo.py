@@ -207,7 +207,7 @@ def _join_running_cluster(cfg: DictConfig) -> None:
     dropped = drop_local_ray_sizes(cfg)
     if dropped:
         print(f"[agentevolver] joining the Ray cluster at {dropped['address']}: its nodes declared their own CPUs and "
-              f"GPUs, so {', '.join(dropped['keys'])} (sizes of a local Ray) are left out", file=sys.stderr)
+              f"GPUs, so {', '.join(dropped['keys'])} (settings of a local Ray) are left out", file=sys.stderr)
 
 
 def _check_loggers(value: object) -> None:

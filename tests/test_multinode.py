@@ -142,8 +142,10 @@ def test_joining_a_running_cluster_leaves_out_the_local_ray_sizes(monkeypatch: p
     assert drop_local_ray_sizes(compose_config(["+ray_kwargs.ray_init.address=local"])) == {}
     cfg = compose_config(["+ray_kwargs.ray_init.address=10.0.0.1:6379"])
     assert drop_local_ray_sizes(cfg) == {"address": "10.0.0.1:6379",
-                                         "keys": ["ray_kwargs.ray_init.num_cpus", "ray_kwargs.ray_init.num_gpus"]}
+                                         "keys": ["ray_kwargs.ray_init.num_cpus", "ray_kwargs.ray_init.num_gpus",
+                                                  "ray_kwargs.ray_init._system_config"]}
     assert cfg.ray_kwargs.ray_init.num_cpus is None and cfg.ray_kwargs.ray_init.num_gpus is None
+    assert cfg.ray_kwargs.ray_init._system_config is None
     monkeypatch.setenv("RAY_ADDRESS", "10.0.0.1:6379")
     assert drop_local_ray_sizes(compose_config([]))["address"] == "10.0.0.1:6379"
 

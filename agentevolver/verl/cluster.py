@@ -148,8 +148,8 @@ class ClusterReport:
 
 # ------------------------------------------------------------------------------------------ joining a cluster
 
-#: ``ray_kwargs.ray_init`` keys that size a Ray the driver starts; Ray refuses them when it joins a running one.
-LOCAL_RAY_SIZES = ("num_cpus", "num_gpus")
+#: ``ray_kwargs.ray_init`` keys that size or tune a Ray the driver starts; Ray refuses them when it joins a running one.
+LOCAL_RAY_SIZES = ("num_cpus", "num_gpus", "_system_config")
 
 
 def ray_address(cfg: Any) -> str:
@@ -161,12 +161,13 @@ def ray_address(cfg: Any) -> str:
 
 
 def drop_local_ray_sizes(cfg: Any) -> dict[str, Any]:
-    """Leave out ``ray_kwargs.ray_init.num_cpus``/``num_gpus`` when the run joins a running Ray cluster.
+    """Leave out ``ray_kwargs.ray_init.num_cpus``/``num_gpus``/``_system_config`` when the run joins a running
+    Ray cluster.
 
     A cluster of several nodes is started with ``ray start`` on each node, which declares that node's CPUs and
     GPUs; the driver joins it through ``ray_kwargs.ray_init.address`` or ``RAY_ADDRESS``, and ``ray.init`` then
-    refuses any size ("When connecting to an existing cluster, num_cpus and num_gpus must not be provided").
-    The CPU preset sets both for the one-machine case, so a multi-node CPU run would stop there. Changes
+    refuses any size ("When connecting to an existing cluster, num_cpus and num_gpus must not be provided") and
+    any ``_system_config``. The CPU preset sets all three for the one-machine case, so a multi-node CPU run would stop there. Changes
     ``cfg`` in place; returns ``{"address", "keys"}`` of what was dropped, empty when nothing was.
     """
     from omegaconf import open_dict
