@@ -12,7 +12,7 @@ from agentevolver.backends.cpu import precision, threads
 from agentevolver.config import compose_config
 from agentevolver.errors import ConfigError
 from agentevolver.main_ppo import prepare_config
-from agentevolver.verl.cpu.rollout import _dtype_name
+from agentevolver.verl.cpu.rollout_server import _dtype_name
 
 ZEN4 = "fpu sse2 avx2 avx512f avx512_vnni avx512_bf16 avx_vnni"
 SAPPHIRE_RAPIDS = "avx2 avx512f avx512_bf16 amx_tile amx_bf16 amx_int8"

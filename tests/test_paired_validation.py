@@ -278,10 +278,10 @@ _REPLACED = ("env_service.env_type=lottery", "env_service.val_split=val", "train
 
 
 def _validate_only(service: str, run_dir: Path, *batching: str) -> list[dict[str, Any]]:
-    """A ``trainer.val_only`` run of tiny-test (bf16 rollout) on 50 eval tasks spread over the levels: verl's
+    """A ``trainer.val_only`` run of tiny-test (bf16 rollout) on 25 eval tasks spread over the levels: verl's
     validation dump, line by line, checked to read as records."""
     command = [arg for arg in training_command(
-        service, run_dir, "env_service.env_type=calc", "env_service.val_split=eval", "data.val_max_samples=50",
+        service, run_dir, "env_service.env_type=calc", "env_service.val_split=eval", "data.val_max_samples=25",
         "env_service.create_params={demos:1}", "data.max_prompt_length=1536",
         "trainer.val_before_train=true", "trainer.val_only=true", "actor_rollout_ref.rollout.dtype=bf16",
         "actor_rollout_ref.rollout.val_kwargs.n=1", "actor_rollout_ref.rollout.val_kwargs.do_sample=false",
@@ -292,7 +292,7 @@ def _validate_only(service: str, run_dir: Path, *batching: str) -> list[dict[str
     done = run_training(command, run_dir)
     assert done.returncode == 0, (done.stdout + done.stderr)[-6000:]
     records = read_records(run_dir / "run", 0)
-    assert len(records) == 50 and {r.level for r in records} == set(LEVELS)
+    assert len(records) == 25 and {r.level for r in records} == set(LEVELS)
     dump = run_dir / "run" / VALIDATION_DIR / "0.jsonl"
     return [json.loads(line) for line in dump.read_text().splitlines()]
 
@@ -308,4 +308,4 @@ def test_two_validations_of_one_checkpoint_agree_task_by_task(calc_service: str,
     # above, whose requests without batch_invariant_greedy give other log-probs in bf16.)
     key = lambda lines: sorted((r["task_id"], r["input"], r["output"], r["score"], r["acc"]) for r in lines)  # noqa: E731
     assert key(first) == key(second)
-    assert len({r["task_id"] for r in first}) == len({r["input"] for r in first}) == 50  # one record per task
+    assert len({r["task_id"] for r in first}) == len({r["input"] for r in first}) == 25  # one record per task

@@ -62,6 +62,18 @@ def test_main_ppo_points_verl_at_it_unless_the_run_chose_a_router() -> None:
         prepare_config(compose_config([*base, "trainer.request_router=fast"]))
 
 
+def test_the_modules_a_server_handle_pulls_in_import_no_torch() -> None:
+    """Unpickling an actor handle imports its class's module: the router receives the hf servers' handles, so
+    the server's module (and the router's) must not import torch, transformers or verl at the top."""
+    import subprocess
+    import sys
+
+    probe = ("import sys, agentevolver.verl.router, agentevolver.verl.cpu.rollout_server; "
+             "print(sorted(m for m in ('torch', 'transformers', 'verl') if m in sys.modules))")
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
+    assert done.stdout.strip() == "[]"
+
+
 def test_verls_factory_starts_it_as_an_actor_that_imports_no_verl() -> None:
     import ray
     from verl.workers.rollout.router import get_router_handle

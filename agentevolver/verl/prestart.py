@@ -111,7 +111,7 @@ def _start_servers(config: DictConfig, node_id: str) -> int:
     from verl.utils.config import omega_conf_to_dataclass
     from verl.workers.rollout.replica import CONTROL_METHOD_CONCURRENCY, RolloutMode
 
-    from agentevolver.verl.cpu.rollout import HFRolloutServer, server_actor_name
+    from agentevolver.verl.cpu.rollout_server import HFRolloutServer, server_actor_name
 
     rollout = omega_conf_to_dataclass(config.actor_rollout_ref.rollout)
     replicas = int(config.trainer.n_gpus_per_node) * int(config.trainer.nnodes)
