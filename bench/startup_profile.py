@@ -140,6 +140,9 @@ class CpuSampler(threading.Thread):
                         label = process_label(process.cmdline(), process.name())
                 except psutil.Error:
                     continue
+                known = self.seen.get(process.pid)
+                if known and known[0].startswith(label):  # an exiting process shows only its 15-letter comm name
+                    label = known[0]
                 self.seen[process.pid] = (label, times.user + times.system)
             self.done.wait(self.interval)
 
