@@ -319,6 +319,9 @@ def test_legacy_trainer_runs_grpo_on_cpu(tmp_path: Path):
             *FP32,
             "actor_rollout_ref.actor.checkpoint.save_contents=[hf_model]",
             "actor_rollout_ref.rollout.agent.default_agent_loop=single_turn_agent",
+            # verl's own agent loop leaves scoring to the reward-loop workers, which the cpu preset leaves out
+            # (our agent loop scores every episode itself)
+            "reward.num_workers=1",
             f"reward.custom_reward_function.path={reward_file}",
             "reward.custom_reward_function.name=compute_score",
             "trainer.total_training_steps=2",
