@@ -148,7 +148,8 @@ class ClusterReport:
 
 # ------------------------------------------------------------------------------------------ joining a cluster
 
-#: ``ray_kwargs.ray_init`` keys that size or tune a Ray the driver starts; Ray refuses them when it joins a running one.
+#: ``ray_kwargs.ray_init`` keys that size or tune a Ray the driver starts; Ray refuses them when it joins a
+#: running one.
 LOCAL_RAY_SIZES = ("num_cpus", "num_gpus", "_system_config")
 
 
@@ -167,8 +168,8 @@ def drop_local_ray_sizes(cfg: Any) -> dict[str, Any]:
     A cluster of several nodes is started with ``ray start`` on each node, which declares that node's CPUs and
     GPUs; the driver joins it through ``ray_kwargs.ray_init.address`` or ``RAY_ADDRESS``, and ``ray.init`` then
     refuses any size ("When connecting to an existing cluster, num_cpus and num_gpus must not be provided") and
-    any ``_system_config``. The CPU preset sets all three for the one-machine case, so a multi-node CPU run would stop there. Changes
-    ``cfg`` in place; returns ``{"address", "keys"}`` of what was dropped, empty when nothing was.
+    any ``_system_config``. The CPU preset sets all three for the one-machine case, so a multi-node CPU run
+    would stop there. Changes ``cfg`` in place; returns ``{"address", "keys"}`` of what was dropped, empty when nothing was.
     """
     from omegaconf import open_dict
 
