@@ -87,6 +87,8 @@ def test_preset_passes_verls_validation_on_gpu(composed: dict[str, DictConfig], 
     assert cfg.actor_rollout_ref.model.use_remove_padding is False
     # one sharding path on both backends: FSDP2, the reference model following the actor
     assert cfg.actor_rollout_ref.actor.strategy == cfg.actor_rollout_ref.ref.strategy == "fsdp2"
+    # no reward-loop process on a GPU either: our agent loop scores every episode (a reward model needs them)
+    assert cfg.reward.num_workers == 0 or cfg.reward.reward_model.enable
     verl_startup_checks(cfg)
     check_async(cfg)  # an async preset keeps its rollout's memory through the update on a GPU too
 
