@@ -107,25 +107,32 @@ def begin(config: DictConfig) -> dict[str, int]:
 
 
 def _start_servers(config: DictConfig, node_id: str) -> int:
-    """One ``hf`` server per training rank (an ``hf`` replica is one process), created as the replica would."""
-    from verl.utils.config import omega_conf_to_dataclass
-    from verl.workers.rollout.replica import CONTROL_METHOD_CONCURRENCY, RolloutMode
+    """One ``hf`` server per replica, created as verl's replica would create it: the replicas are verl's own
+    objects (their constructor only reads the config), so the replica count, the server's rollout config and
+    its ``max_concurrency`` are verl's, not restated here."""
+    from verl.workers.rollout.replica import RolloutMode
 
+    from agentevolver.verl.cpu.rollout import HFReplica
     from agentevolver.verl.cpu.rollout_server import HFRolloutServer, server_actor_name
 
-    rollout = omega_conf_to_dataclass(config.actor_rollout_ref.rollout)
-    replicas = int(config.trainer.n_gpus_per_node) * int(config.trainer.nnodes)
-    for rank in range(replicas):
-        name = server_actor_name(rank, "")
+    gpus_per_node = int(config.trainer.n_gpus_per_node)
+    first = HFReplica(replica_rank=0, config=config.actor_rollout_ref.rollout,
+                      model_config=config.actor_rollout_ref.model, gpus_per_node=gpus_per_node)
+    count = gpus_per_node * int(config.trainer.nnodes) // first.world_size  # verl's LLMServerManager
+    for rank in range(count):
+        replica = first if rank == 0 else HFReplica(
+            replica_rank=rank, config=config.actor_rollout_ref.rollout, model_config=config.actor_rollout_ref.model,
+            gpus_per_node=gpus_per_node)
+        name = server_actor_name(rank, replica.name_suffix)
         handle = ray.remote(HFRolloutServer).options(
             name=name,
             scheduling_strategy=NodeAffinitySchedulingStrategy(node_id=node_id, soft=False),
-            max_concurrency=max(1000, rollout.max_num_seqs + CONTROL_METHOD_CONCURRENCY),
-        ).remote(config=rollout, model_config=config.actor_rollout_ref.model, rollout_mode=RolloutMode.HYBRID,
+            max_concurrency=replica.max_concurrency,
+        ).remote(config=replica.config, model_config=replica.model_config, rollout_mode=RolloutMode.HYBRID,
                  replica_rank=rank)
-        _pending.servers[name] = _Server(handle, server_key(rollout, config.actor_rollout_ref.model,
+        _pending.servers[name] = _Server(handle, server_key(replica.config, replica.model_config,
                                                             RolloutMode.HYBRID, rank, node_id))
-    return replicas
+    return count
 
 
 def take_server(name: str, key: tuple) -> Any | None:
