@@ -4,7 +4,8 @@
 prompt only. These tests hold each piece of how it keeps that promise while batching, in bf16 on the real
 tiny-test model:
 
-* one-row products are computed as two (:mod:`agentevolver.backends.cpu.two_row_linear`);
+* matrix products run on 2 rows up to a probed block (:mod:`agentevolver.backends.cpu.row_blocks`): one row is
+  computed as two, more rows than the block in blocks;
 * the decode attention's ``probs @ v`` runs over a window that depends on the row alone, whatever its
   company's padding;
 * prompts are prefilled in chunks at fixed positions, and a reused chunk gives the bits a fresh one gives
@@ -23,7 +24,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from agentevolver.backends.cpu import HFGenerator, decode_attention, two_row_linear
+from agentevolver.backends.cpu import HFGenerator, decode_attention, row_blocks
 from agentevolver.backends.cpu.chunk_cache import ChunkCache
 from agentevolver.models import resolve_model_path
 
@@ -53,7 +54,7 @@ def test_a_one_row_product_is_computed_as_two() -> None:
     torch.manual_seed(0)
     layer = torch.nn.Linear(1536, 576, bias=True).to(torch.bfloat16)
     rows = torch.randn(8, 1, 1536).to(torch.bfloat16)
-    assert two_row_linear.install(layer) == 1 and two_row_linear.install(layer) == 0  # once
+    assert row_blocks.install(layer) == 1 and row_blocks.install(layer) == 0  # once
     with torch.no_grad():
         for row in rows:
             alone = layer(row[None])  # [1, 1, 1536]: one row
@@ -63,6 +64,43 @@ def test_a_one_row_product_is_computed_as_two() -> None:
             assert torch.equal(layer(row[0]), pair[0])  # a 1-D input keeps its shape
         batched = layer(rows)  # many rows: the plain product
         assert torch.equal(batched, torch.nn.functional.linear(rows, layer.weight, layer.bias))
+
+
+def test_more_rows_than_the_block_are_multiplied_in_blocks() -> None:
+    """Rows 0-3, 4-7 and the lone row 8 (as two): each block's product, in the input's shape."""
+    torch.manual_seed(0)
+    layer = torch.nn.Linear(64, 32, bias=False).to(torch.bfloat16)
+    assert row_blocks.install(layer, block_rows=4) == 1
+    x = torch.randn(3, 3, 64).to(torch.bfloat16)  # 9 rows
+    flat = x.reshape(9, 64)
+    with torch.no_grad():
+        expected = torch.cat([torch.nn.functional.linear(flat[:4], layer.weight),
+                              torch.nn.functional.linear(flat[4:8], layer.weight),
+                              torch.nn.functional.linear(flat[8:].repeat(2, 1), layer.weight)[:1]])
+        assert torch.equal(layer(x), expected.reshape(3, 3, 32))
+    with pytest.raises(ValueError, match="block_rows must be >= 2"):
+        row_blocks.install(layer, block_rows=1)
+
+
+def test_the_block_probe_finds_where_the_kernel_changes(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The probe on a product that rounds rows differently from 33 rows on (as AMX-BF16's kernels did on
+    SmolLM2's shapes) picks 32; one that differs at every row count but 2 gets no block; the real product
+    here gets a block whose row counts it has checked."""
+    model = torch.nn.Sequential(torch.nn.Linear(64, 48), torch.nn.Linear(48, 64, bias=False)).to(torch.bfloat16)
+    real = torch.nn.functional.linear
+    block = row_blocks.probe_block_rows(model)
+    assert block is None or block in row_blocks.CANDIDATES
+
+    def switches_at(threshold: int):
+        def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+            out = real(x, weight, bias)
+            return out + out.abs() * 2**-6 if x.shape[0] > threshold else out  # another rounding
+        return linear
+
+    monkeypatch.setattr(row_blocks.functional, "linear", switches_at(32))
+    assert row_blocks.probe_block_rows(model) == 32
+    monkeypatch.setattr(row_blocks.functional, "linear", switches_at(2))
+    assert row_blocks.probe_block_rows(model) is None
 
 
 def test_exact_rows_attention_ignores_the_company_padding() -> None:

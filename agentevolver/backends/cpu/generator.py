@@ -34,7 +34,7 @@ from typing import Any
 
 import torch
 
-from agentevolver.backends.cpu import decode_attention, two_row_linear
+from agentevolver.backends.cpu import decode_attention, row_blocks
 from agentevolver.backends.cpu.chunk_cache import ChunkCache
 from agentevolver.backends.cpu.prefix_cache import PrefixCache
 from agentevolver.backends.cpu.running_batch import Row, RunningBatch, merge_all
@@ -154,7 +154,7 @@ class HFGenerator:
             same bits either way, :mod:`.chunk_cache`), and then decodes in company: a decode step computes
             each row the same bits at any batch size and any left padding when this machine's kernels allow
             it, which a probe checks at start-up on the model itself (:meth:`probe_row_independence`,
-            ``rows_independent``; one-row products run as two, :mod:`.two_row_linear`, and attention's
+            ``rows_independent``; products run on 2 rows up to a probed block, :mod:`.row_blocks`, and attention's
             ``probs @ v`` over a window that depends on the row alone, :func:`.decode_attention.exact_rows`). Where the
             probe fails (fp32 products pick other kernels by row count), each greedy request decodes in a batch
             of its own instead: the same guarantee, slower.
@@ -226,6 +226,9 @@ class HFGenerator:
         #: with batch_invariant_greedy: whether a decode step's rows are independent of their company here
         #: (greedy requests then decode batched), else None; see probe_row_independence
         self.rows_independent: bool | None = None
+        #: with batch_invariant_greedy: the most rows one matrix product takes (:func:`.row_blocks.probe_block_rows`;
+        #: None where no block keeps rows alike, and then only one-row products are changed), else None
+        self.row_block: int | None = None
         self.stats: dict[str, float] = {
             "requests": 0,  # generate calls accepted
             "streams": 0,  # times the worker thread started decoding (it runs while rows are live)
@@ -245,13 +248,16 @@ class HFGenerator:
             "model_seconds": 0.0,  # worker-thread time in prefills and decode steps (added as each step ends)
         }
         if self.batch_invariant_greedy:
-            two_row_linear.install(model)  # a one-row product takes another kernel (.two_row_linear)
+            # products of a row count this CPU computes each row alike at: 2 up to the probed block (.row_blocks)
+            self.row_block = row_blocks.probe_block_rows(model)
+            row_blocks.install(model, self.row_block or row_blocks.CANDIDATES[0])
             if self.decode_attention:
                 decode_attention.exact_rows(model)  # a row's attention ignores its company's padding
             self.rows_independent = self.probe_row_independence()
             if self.rows_independent:
-                logger.info("HFGenerator: decode steps compute each row alike in any company here: greedy "
-                            "requests prefill alone and decode batched (batch_invariant_greedy)")
+                logger.info("HFGenerator: decode steps compute each row alike in any company here (matrix "
+                            "products in blocks of up to %s rows): greedy requests prefill alone and decode batched "
+                            "(batch_invariant_greedy)", self.row_block)
             else:
                 logger.warning("HFGenerator: decode steps here change a row's numbers with its company (%s): "
                                "each greedy request decodes in a batch of its own (batch_invariant_greedy; "
