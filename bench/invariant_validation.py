@@ -2,6 +2,7 @@
 
     .venv/bin/python bench/invariant_validation.py                          # 60 tasks of calc's eval split
     .venv/bin/python bench/invariant_validation.py --tasks 200 --rounds 1   # the whole eval split
+    .venv/bin/python bench/invariant_validation.py --arms plain "invariant, batched" --also-rows 32 64
 
 Why: issue 43 needs two validations of one checkpoint to agree task by task, whatever the timing; issue 44
 needs validation at generation speed. ``batch_invariant_greedy`` first bought the agreement by decoding every
@@ -58,9 +59,16 @@ ARMS: dict[str, tuple[bool, bool, bool]] = {
 BASELINE = "invariant, alone"
 
 
+def arm_rows(arm: str, args: argparse.Namespace) -> tuple[str, int]:
+    """``"plain, 32 rows"`` -> ("plain", 32); a bare arm name runs at ``--max-batch-size``."""
+    name, _, rows = arm.partition(", rows ")
+    return name, int(rows) if rows else args.max_batch_size
+
+
 def make_generator(model: str, arm: str, args: argparse.Namespace, max_tokens: int) -> HFGenerator:
+    arm, rows = arm_rows(arm, args)
     invariant, together, continuous = ARMS[arm]
-    generator = HFGenerator.from_pretrained(model, dtype=args.dtype, seed=0, max_batch_size=args.max_batch_size,
+    generator = HFGenerator.from_pretrained(model, dtype=args.dtype, seed=0, max_batch_size=rows,
                                             default_max_tokens=max_tokens, continuous_batching=continuous,
                                             batch_invariant_greedy=invariant,
                                             chunk_cache_mb=512 if together else 0)
@@ -78,6 +86,7 @@ async def main_async(args: argparse.Namespace, console: Console) -> None:
     sampling = sampling_of(cfg, greedy=True)
     model = str(cfg.actor_rollout_ref.model.path)
     arms = [arm for arm in ARMS if arm in args.arms]
+    arms += [f"{arm}, rows {rows}" for rows in args.also_rows for arm in arms if ARMS[arm][1]]  # decoded together
     generators = {arm: make_generator(model, arm, args, budgets["max_response_len"]) for arm in arms}
     env_type = settings.env_service.env_type
     split = args.split or settings.env_service.val_split
@@ -127,6 +136,9 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2, help="timed rounds per arm")
     parser.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"])
     parser.add_argument("--max-batch-size", type=int, default=16, help="as the CPU rollout server's default")
+    parser.add_argument("--also-rows", type=int, nargs="*", default=[],
+                        help="also run every batched arm at these max_batch_size values (one process, so the "
+                             "ratios compare like with like)")
     parser.add_argument("--arms", nargs="+", default=list(ARMS), choices=list(ARMS), metavar="ARM",
                         help=f"arms to run (default all: {', '.join(ARMS)})")
     parser.add_argument("overrides", nargs="*", help="Hydra overrides for the preset")
