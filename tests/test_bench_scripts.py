@@ -7,6 +7,7 @@ docs/benchmarks.md, measured on a machine as idle as can be had.
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -86,3 +87,20 @@ def test_startup_profile_labels_processes_by_actor_and_ray_daemon() -> None:
     assert process_label(["python", "-m", "agentevolver.main_ppo", "--config-name", "quickstart"],
                          "python") == "driver (main_ppo)"
     assert process_label(["sleep", "1"], "sleep") == "sleep"
+
+
+def test_prompt_lookup_bench_replays_a_dump(tmp_path: Path) -> None:
+    """One episode whose generated 3, 4 copy the prompt's 1, 2, 3, 4: a 2-token draft (3, 4) matches, and the pass
+    adds its own token (9): 3 tokens in 1 pass; the environment's tokens (mask 0) only extend the context."""
+    dump = tmp_path / "step_1.jsonl"
+    dump.write_text(json.dumps({"prompt_ids": [1, 2, 3, 4, 1, 2], "response_ids": [3, 4, 9, 7, 7],
+                                "response_mask": [1, 1, 1, 0, 0]}) + "\n")
+    done = subprocess.run([sys.executable, str(REPO_ROOT / "bench" / "prompt_lookup.py"), str(dump), "--model",
+                           "tiny-test", "--dtype", "float32", "--rows", "2", "--draft", "2", "--repeats", "1"],
+                          cwd=REPO_ROOT, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    row = next(line for line in done.stdout.splitlines() if line.strip("│ ").startswith("2 "))
+    assert [cell.strip() for cell in row.strip("│").split("│")][:4] == ["2", "3", "1", "3.00"], row
+    missing = subprocess.run([sys.executable, str(REPO_ROOT / "bench" / "prompt_lookup.py"), str(tmp_path / "no.jsonl")],
+                             cwd=REPO_ROOT, capture_output=True, text=True, timeout=600)
+    assert missing.returncode != 0 and "no such dump file" in missing.stdout + missing.stderr

@@ -37,6 +37,7 @@ import torch
 from agentevolver.backends.cpu import decode_attention, row_blocks
 from agentevolver.backends.cpu.chunk_cache import ChunkCache
 from agentevolver.backends.cpu.prefix_cache import PrefixCache
+from agentevolver.backends.cpu.prompt_lookup import PromptLookup
 from agentevolver.backends.cpu.running_batch import Row, RunningBatch, merge_all
 from agentevolver.backends.cpu.sampling import (
     RowSampler,
@@ -160,6 +161,16 @@ class HFGenerator:
             of its own instead: the same guarantee, slower.
         chunk_cache_mb: MiB of greedy prompts' chunk keys/values kept for reuse (``batch_invariant_greedy``;
             :mod:`.chunk_cache`); 0 turns it off (every greedy prompt is prefilled whole, chunk by chunk).
+        draft_tokens: speculative decoding with prompt-lookup drafts (:mod:`.prompt_lookup`): each decode step
+            feeds every row's sampled token plus up to this many tokens that followed the last earlier
+            occurrence of its tail, and keeps the drafted tokens the row's own distribution accepts
+            (:meth:`.RowSampler.verify`: the argmax for greedy rows, the speculative-sampling test for sampled
+            ones, so what is generated has the distribution plain decoding gives it). A decode step here reads
+            every weight once whatever its rows, so checking several tokens costs little more than one. 0 (the
+            default) turns it off; it is skipped for batches with a repetition penalty, a token constraint or a
+            timing-proof greedy row (``batch_invariant_greedy``), which decode token by token as before. The
+            numbers of a drafted token's logits come from a multi-token pass, not a one-token step, so a bf16
+            near-tie can fall the other way than in plain decoding.
     """
 
     def __init__(
@@ -177,6 +188,7 @@ class HFGenerator:
         continuous_batching: bool = False,
         batch_invariant_greedy: bool = False,
         chunk_cache_mb: float = 512,
+        draft_tokens: int = 0,
     ) -> None:
         if max_batch_size < 1:
             raise ValueError(f"max_batch_size must be >= 1; got {max_batch_size}")
@@ -184,6 +196,8 @@ class HFGenerator:
             raise ValueError(f"chunk_cache_mb must be >= 0 (0 turns the chunk cache off); got {chunk_cache_mb}")
         if turn_cache_mb < 0:
             raise ValueError(f"turn_cache_mb must be >= 0 (0 turns the turn cache off); got {turn_cache_mb}")
+        if draft_tokens < 0:
+            raise ValueError(f"draft_tokens must be >= 0 (0 turns speculative decoding off); got {draft_tokens}")
         if batch_wait_s < 0:
             raise ValueError(f"batch_wait_s must be >= 0; got {batch_wait_s}")
         if default_max_tokens is not None and default_max_tokens < 1:
@@ -207,6 +221,7 @@ class HFGenerator:
         self.default_max_tokens = default_max_tokens
         self.continuous_batching = bool(continuous_batching)
         self.batch_invariant_greedy = bool(batch_invariant_greedy)
+        self.draft_tokens = int(draft_tokens)
         self.tokenizer: Any = None  # set by from_pretrained, for callers that want the matching tokenizer
         self._rng = torch.Generator(device=self.device)
         if seed is None:
@@ -241,6 +256,9 @@ class HFGenerator:
             "turn_cached_tokens": 0,  # prompt tokens served from the turn cache (an earlier turn's row)
             "chunk_passes": 0,  # forward passes of greedy prompts' chunked prefill (batch_invariant_greedy)
             "generated_tokens": 0,
+            "draft_passes": 0,  # decode steps that checked drafted tokens (draft_tokens)
+            "drafted_tokens": 0,  # tokens drafted in them
+            "accepted_tokens": 0,  # drafted tokens kept (accepted / drafted = the drafts' hit rate)
             "decode_steps": 0,  # forward passes after prefill
             "failed_batches": 0,
             "aborted": 0,  # requests answered with stop_reason "aborted"
@@ -812,7 +830,10 @@ class HFGenerator:
         Rows that ended leave the batch (their keys/values go to the turn cache first); the rest get one
         forward pass, after which ``batch`` is ready to sample again.
         """
-        tokens, logprobs = batch.sampler(batch.logits)
+        exclude = [row.exclude for row in batch.rows]
+        tokens, logprobs = batch.sampler(batch.logits, exclude if any(t is not None for t in exclude) else None)
+        for row in batch.rows:
+            row.exclude = None
         token_list = tokens.tolist()
         logprob_list = logprobs.tolist() if logprobs is not None else []
         keep: list[int] = []
@@ -839,6 +860,9 @@ class HFGenerator:
             batch.select(keep)
             tokens = tokens[torch.tensor(keep, dtype=torch.long, device=self.device)]
         if keep:
+            drafts = self._drafts(batch)
+            if drafts is not None:
+                return answers + self._check_drafts(batch, tokens, drafts)
             batch.mask = torch.cat([batch.mask, batch.mask.new_ones((len(keep), 1))], dim=-1)
             batch.positions = batch.positions + 1
             batch.logits = self.model(
@@ -846,6 +870,89 @@ class HFGenerator:
                 past_key_values=batch.cache, use_cache=True,
             ).logits[:, -1, :]
             self.stats["decode_steps"] += 1
+        return answers
+
+    def _drafts(self, batch: RunningBatch) -> list[list[int]] | None:
+        """Every row's prompt-lookup draft (``draft_tokens``), or None where this batch decodes token by token:
+        speculation off, a penalty or constraint in the batch, a timing-proof greedy row, or no row with a draft."""
+        if not self.draft_tokens or not batch.sampler.takes_drafts \
+                or any(self._isolated(row.request) for row in batch.rows):
+            return None
+        drafts = []
+        for row in batch.rows:
+            output, request = row.output, row.request
+            if row.lookup is None:
+                row.lookup = PromptLookup(request.prompt_ids)
+            row.lookup.extend(output.token_ids[len(row.lookup) - len(request.prompt_ids):])
+            room = request.settings.max_tokens - len(output.token_ids)  # drafts past max_tokens are never kept
+            drafts.append(row.lookup.propose(min(self.draft_tokens, room)))
+        return drafts if any(drafts) else None
+
+    def _check_drafts(self, batch: RunningBatch, tokens: torch.Tensor,
+                      drafts: list[list[int]]) -> list[tuple[_Request, TokenOutput]]:
+        """One forward pass over every row's sampled token and its draft; keep the accepted drafted tokens.
+
+        A row's block columns stay real up to its last fed token that it keeps (the layout rule of
+        :mod:`.running_batch`: masked columns may sit anywhere), the rest become padding; its next logits are
+        those after that token. A row that ends on an accepted token (a stop id, ``max_tokens``) leaves with it,
+        its column hidden, so its cache holds every token but the last, as after a plain step. Returns the
+        answers of those rows.
+        """
+        rows = len(batch)
+        width = 1 + max(len(draft) for draft in drafts)
+        block = tokens[:, None].repeat(1, width)
+        block_mask = batch.mask.new_zeros((rows, width))
+        for slot, draft in enumerate(drafts):
+            block[slot, 1:1 + len(draft)] = torch.tensor(draft, dtype=block.dtype, device=block.device)
+            block_mask[slot, :1 + len(draft)] = 1
+        batch.mask = torch.cat([batch.mask, block_mask], dim=-1)
+        offsets = torch.arange(1, width + 1, device=batch.positions.device)
+        logits = self.model(
+            input_ids=block, attention_mask=batch.mask, position_ids=batch.positions + offsets[None, :],
+            past_key_values=batch.cache, use_cache=True,
+        ).logits
+        self.stats["decode_steps"] += 1
+        self.stats["draft_passes"] += 1
+        self.stats["drafted_tokens"] += sum(len(draft) for draft in drafts)
+        checked = batch.sampler.verify(logits, drafts)
+        keep: list[int] = []
+        ended: list[int] = []
+        fed = torch.zeros(rows, dtype=torch.long)  # block columns each row keeps real
+        last = torch.zeros(rows, dtype=torch.long)  # the block position whose logits come next
+        for slot, (row, draft, (accepted, logprobs)) in enumerate(zip(batch.rows, drafts, checked, strict=True)):
+            output, request = row.output, row.request
+            self.stats["accepted_tokens"] += accepted
+            kept = 0
+            for index in range(accepted):
+                output.token_ids.append(draft[index])
+                if request.settings.logprobs:
+                    output.log_probs.append(logprobs[index])
+                kept += 1
+                if draft[index] in output.stop_ids:
+                    output.stop_reason = "completed"
+                elif len(output.token_ids) >= request.settings.max_tokens:
+                    output.stop_reason = "length"
+                if output.stop_reason is not None:
+                    break
+            if output.stop_reason is not None:
+                fed[slot] = kept  # the ending token is not fed: its column goes
+                ended.append(slot)
+                continue
+            fed[slot] = 1 + kept
+            last[slot] = kept
+            if kept < len(draft) and not request.settings.greedy:
+                row.exclude = draft[kept]  # rejected: the next sample is drawn without it
+            keep.append(slot)
+        columns = torch.arange(width)[None, :]
+        batch.mask[:, -width:] = (columns < fed[:, None]).to(batch.mask.dtype)
+        batch.positions = batch.positions + fed[:, None].to(batch.positions.dtype)
+        batch.logits = logits[torch.arange(rows), last]
+        for slot in ended:
+            if self.turn_cache.enabled:
+                self._keep_turn(batch, slot)
+        answers = [self._finished(batch.rows[slot]) for slot in ended]
+        if ended:
+            batch.select(keep)
         return answers
 
     def _finished(self, row: Row) -> tuple[_Request, TokenOutput]:

@@ -31,6 +31,8 @@ class Row:
     request: Any  # the generator's request (prompt_ids, settings, future, constraint)
     output: Any  # the generator's output under construction (token_ids, log_probs, stop_ids, stop_reason)
     prefix_len: int  # the shared-prefix length its keys/values were computed with (the turn cache's key)
+    lookup: Any = None  # its prompt-lookup drafter (speculative decoding), made at its first draft
+    exclude: int | None = None  # a drafted token its next sample must not be (rejected by the last check)
 
 
 @dataclass(slots=True)

@@ -275,10 +275,60 @@ class RowSampler:
         self._any_logprobs = self._any_logprobs or other._any_logprobs
         self._any_filter = self._any_filter or other._any_filter
 
-    def __call__(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+    @property
+    def takes_drafts(self) -> bool:
+        """Whether :meth:`verify` can check drafted tokens for this batch: not under a repetition penalty or a
+        token constraint, whose state advances token by token."""
+        return self._seen is None and self._constraints is None
+
+    def verify(self, block_logits: torch.Tensor, drafts: Sequence[Sequence[int]]) -> list[tuple[int, list[float]]]:
+        """Speculative decoding's test of drafted tokens: per row, how many of its draft it accepts, and their
+        log-probs. ``block_logits[row, i]`` are the next-token logits after the row's ``i``-th fed token of the
+        block (its sampled token, then its draft); ``drafts[row]`` its drafted tokens (at most ``width - 1``).
+
+        A greedy row accepts a drafted token while it is the argmax. A sampled row accepts drafted token ``d``
+        with probability ``p(d)`` under its own distribution (temperature, top-k, top-p), drawing from its own
+        generator: the draft is a single token (prompt lookup proposes, it does not sample), so this is the
+        standard speculative-sampling test, and after a rejection the next token is drawn from ``p`` without
+        ``d`` (:meth:`__call__`'s ``exclude``), so every emitted token has exactly the distribution plain
+        decoding would give it. Log-probs are ``log_softmax(raw / T)`` at the token, as :meth:`__call__`'s.
+        """
+        rows, width = block_logits.shape[0], block_logits.shape[1] - 1
+        longest = max((len(draft) for draft in drafts), default=0)
+        if longest == 0:
+            return [(0, []) for _ in range(rows)]
+        raw = block_logits[:, :longest].float()
+        drafted = torch.zeros((rows, longest), dtype=torch.long, device=self._device)
+        for row, draft in enumerate(drafts):
+            if len(draft) > width:
+                raise ValueError(f"row {row}: a draft of {len(draft)} tokens for a block of {width}")
+            drafted[row, :len(draft)] = torch.tensor(list(draft), dtype=torch.long, device=self._device)
+        scaled = raw / self._temperature[:, None, None]
+        logprobs = scaled.gather(2, drafted[..., None]).squeeze(2) - torch.logsumexp(scaled, dim=-1)
+        accept = raw.argmax(dim=-1) == drafted
+        if self._any_sampled:
+            vocab = scaled.shape[-1]
+            flat = scaled.reshape(rows * longest, vocab)
+            if self._any_filter:
+                flat = self._filter(flat, self._top_k.repeat_interleave(longest), self._top_p.repeat_interleave(longest))
+            chance = torch.softmax(flat, dim=-1).reshape(rows, longest, vocab).gather(2, drafted[..., None]).squeeze(2)
+            draws = torch.stack([torch.rand(longest, generator=rng, device=self._device) for rng in self._rngs])
+            accept = torch.where(self._greedy[:, None], accept, draws < chance)
+        results: list[tuple[int, list[float]]] = []
+        for draft, flags, row_logprobs in zip(drafts, accept.tolist(), logprobs.tolist(), strict=True):
+            count = 0
+            while count < len(draft) and flags[count]:
+                count += 1
+            results.append((count, row_logprobs[:count]))
+        return results
+
+    def __call__(self, logits: torch.Tensor,
+                 exclude: Sequence[int | None] | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Return (next token per row, its log-prob) for ``logits`` of shape [rows, vocab].
 
         The log-probs are ``None`` when no row asked for them (they cost a pass over the vocabulary).
+        ``exclude[row]``: a token a sampled row must not draw (a draft :meth:`verify` rejected), removed after
+        top-k/top-p so the rest keep their relative chances; a greedy row ignores it (its argmax is not it).
         """
         raw = logits.float()
         scores = raw
@@ -293,7 +343,7 @@ class RowSampler:
             scores = torch.where(self._seen, penalized, scores)
         tokens = scores.argmax(dim=-1)
         if self._any_sampled:
-            sampled = self._sample(scores / self._temperature[:, None])
+            sampled = self._sample(scores / self._temperature[:, None], exclude)
             tokens = torch.where(self._greedy, tokens, sampled)
         if self._seen is not None:
             self._seen[torch.arange(tokens.shape[0], device=self._device), tokens] = True
@@ -310,22 +360,31 @@ class RowSampler:
         # batch's rows, so a batched logsumexp gives a row other last bits in other company
         return tokens, chosen - torch.stack([torch.logsumexp(row, dim=-1) for row in scaled])
 
-    def _sample(self, scaled: torch.Tensor) -> torch.Tensor:
+    def _sample(self, scaled: torch.Tensor, exclude: Sequence[int | None] | None = None) -> torch.Tensor:
         if self._any_filter:
             scaled = self._filter(scaled)
+        if exclude is not None and any(token is not None for token in exclude):
+            scaled = scaled.clone()
+            for row, token in enumerate(exclude):
+                if token is not None:
+                    scaled[row, token] = -math.inf
         probs = torch.softmax(scaled, dim=-1)
         return torch.cat([
             torch.multinomial(probs[row], 1, generator=rng) for row, rng in enumerate(self._rngs)
         ])
 
-    def _filter(self, scaled: torch.Tensor) -> torch.Tensor:
-        """top-k then top-p, in one sort: keep the smallest prefix whose mass reaches top_p (at least 1)."""
+    def _filter(self, scaled: torch.Tensor, top_k: torch.Tensor | None = None,
+                top_p: torch.Tensor | None = None) -> torch.Tensor:
+        """top-k then top-p, in one sort: keep the smallest prefix whose mass reaches top_p (at least 1).
+        ``top_k``/``top_p``: per row of ``scaled`` (default: the batch's rows)."""
+        top_k = self._top_k if top_k is None else top_k
+        top_p = self._top_p if top_p is None else top_p
         ordered, order = scaled.sort(dim=-1, descending=True)
         ranks = torch.arange(scaled.shape[-1], device=self._device)
-        remove = ranks[None, :] >= self._top_k[:, None]
+        remove = ranks[None, :] >= top_k[:, None]
         ordered = ordered.masked_fill(remove, -math.inf)
         probs = torch.softmax(ordered, dim=-1)
         mass_before = probs.cumsum(dim=-1) - probs
-        remove |= mass_before > self._top_p[:, None]
+        remove |= mass_before > top_p[:, None]
         remove[:, 0] = False
         return scaled.masked_fill(remove.scatter(1, order, remove), -math.inf)
