@@ -90,15 +90,16 @@ async def main_async(args: argparse.Namespace, console: Console) -> None:
     budgets = flow_budgets(cfg)
     sampling = sampling_of(cfg, args.greedy)
     model = str(cfg.actor_rollout_ref.model.path)
-    modes = (*MODES, *(f"continuous, {rows} rows" for rows in args.also_rows))
-    generators = {
-        mode: HFGenerator.from_pretrained(model, dtype=args.dtype, seed=0,
-                                          max_batch_size=int(mode.split(", ")[1].split()[0]) if ", " in mode
-                                          else args.max_batch_size,
-                                          default_max_tokens=budgets["max_response_len"],
-                                          continuous_batching=mode != "closed")
-        for mode in modes
-    }
+    modes = (*MODES, *(f"continuous, {rows} rows" for rows in args.also_rows),
+             *(f"{base}, {k} drafts" for k in args.draft_tokens for base in MODES))
+    generators = {}
+    for mode in modes:
+        base, _, extra = mode.partition(", ")
+        count = int(extra.split()[0]) if extra else 0
+        generators[mode] = HFGenerator.from_pretrained(
+            model, dtype=args.dtype, seed=0, max_batch_size=count if extra.endswith("rows") else args.max_batch_size,
+            default_max_tokens=budgets["max_response_len"], continuous_batching=base != "closed",
+            draft_tokens=count if extra.endswith("drafts") else 0)
     env_type = settings.env_service.env_type
     split = settings.env_service.val_split if args.split == "val" else settings.env_service.train_split
     rounds: dict[str, list[dict[str, Any]]] = {mode: [] for mode in modes}
@@ -129,7 +130,7 @@ async def main_async(args: argparse.Namespace, console: Console) -> None:
                         f"{split}, {'greedy' if args.greedy else 'sampled'}, max {args.max_batch_size} rows, "
                         f"best of {args.rounds}; load {load[0]:.2f} at the end")
     for column in ("mode", "wall s", "vs closed", "episodes/min", "solved", "tokens/s", "vs pure generation",
-                   "decode busy", "rows/prefill", "joined running"):
+                   "decode busy", "rows/prefill", "joined running", "tokens / decode step", "drafts kept"):
         table.add_column(column, justify="right")
     for mode, row in best.items():
         stats = row["stats"]
@@ -142,6 +143,8 @@ async def main_async(args: argparse.Namespace, console: Console) -> None:
             f"{rate:.0f}", f"{rate / pure_rate:.2f}x",
             f"{stats['model_seconds'] / row['seconds']:.0%}",
             f"{stats['rows'] / max(stats['batches'], 1):.1f}", f"{stats['joined_running']:.0f}",
+            f"{stats['generated_tokens'] / max(stats['decode_steps'], 1):.1f}",
+            f"{stats['accepted_tokens'] / stats['drafted_tokens']:.0%}" if stats["drafted_tokens"] else "-",
         )
     console.print(table)
 
@@ -157,6 +160,8 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2, help="timed rounds per mode")
     parser.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"])
     parser.add_argument("--max-batch-size", type=int, default=16, help="as the CPU rollout server's default")
+    parser.add_argument("--draft-tokens", type=int, nargs="*", default=[],
+                        help="also run both modes with speculative decoding, up to K prompt-lookup drafts per row")
     parser.add_argument("--also-rows", type=int, nargs="*", default=[],
                         help="extra continuous modes with these max_batch_size values (e.g. 32 64)")
     args = parser.parse_args()
