@@ -59,16 +59,18 @@ ARMS: dict[str, tuple[bool, bool, bool]] = {
 BASELINE = "invariant, alone"
 
 
-def arm_rows(arm: str, args: argparse.Namespace) -> tuple[str, int]:
-    """``"plain, 32 rows"`` -> ("plain", 32); a bare arm name runs at ``--max-batch-size``."""
+def arm_rows(arm: str, args: argparse.Namespace) -> tuple[str, int, int]:
+    """``"plain, rows 32"`` -> ("plain", 32, 0), ``"plain, drafts 6"`` -> ("plain", 16, 6): the arm, its
+    max_batch_size (default ``--max-batch-size``) and its speculative draft length (default none)."""
     name, _, rows = arm.partition(", rows ")
-    return name, int(rows) if rows else args.max_batch_size
+    name, _, drafts = name.partition(", drafts ")
+    return name, int(rows) if rows else args.max_batch_size, int(drafts) if drafts else 0
 
 
 def make_generator(model: str, arm: str, args: argparse.Namespace, max_tokens: int) -> HFGenerator:
-    arm, rows = arm_rows(arm, args)
+    arm, rows, drafts = arm_rows(arm, args)
     invariant, together, continuous = ARMS[arm]
-    generator = HFGenerator.from_pretrained(model, dtype=args.dtype, seed=0, max_batch_size=rows,
+    generator = HFGenerator.from_pretrained(model, dtype=args.dtype, seed=0, max_batch_size=rows, draft_tokens=drafts,
                                             default_max_tokens=max_tokens, continuous_batching=continuous,
                                             batch_invariant_greedy=invariant,
                                             chunk_cache_mb=512 if together else 0)
@@ -87,6 +89,7 @@ async def main_async(args: argparse.Namespace, console: Console) -> None:
     model = str(cfg.actor_rollout_ref.model.path)
     arms = [arm for arm in ARMS if arm in args.arms]
     arms += [f"{arm}, rows {rows}" for rows in args.also_rows for arm in arms if ARMS[arm][1]]  # decoded together
+    arms += [f"plain, drafts {k}" for k in args.draft_tokens]  # speculative decoding skips timing-proof rows
     generators = {arm: make_generator(model, arm, args, budgets["max_response_len"]) for arm in arms}
     env_type = settings.env_service.env_type
     split = args.split or settings.env_service.val_split
@@ -136,6 +139,8 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2, help="timed rounds per arm")
     parser.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"])
     parser.add_argument("--max-batch-size", type=int, default=16, help="as the CPU rollout server's default")
+    parser.add_argument("--draft-tokens", type=int, nargs="*", default=[],
+                        help="also run plain batching with speculative decoding, up to K prompt-lookup drafts per row")
     parser.add_argument("--also-rows", type=int, nargs="*", default=[],
                         help="also run every batched arm at these max_batch_size values (one process, so the "
                              "ratios compare like with like)")
