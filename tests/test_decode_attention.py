@@ -42,6 +42,34 @@ def test_one_query_token_matches_sdpa(dtype: torch.dtype, heads: int, kv_heads: 
     torch.testing.assert_close(ours.float(), theirs.float(), atol=tolerance, rtol=tolerance)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize(("heads", "kv_heads"), [(9, 3), (8, 1)])
+@pytest.mark.parametrize("mask_kind", ["bool", "additive"])
+def test_a_draft_block_matches_sdpa_inside_draft_blocks_only(dtype: torch.dtype, heads: int, kv_heads: int,
+                                                             mask_kind: str) -> None:
+    """A speculative step's block (5 query tokens per row: causal among themselves, after a cache with left
+    padding and a hole) computed on the decode path equals SDPA; outside draft_blocks() it goes to SDPA."""
+    torch.manual_seed(0)
+    batch, length, dim, q_len = 4, 40, 16, 5
+    query = torch.randn(batch, heads, q_len, dim, dtype=dtype)
+    key, value = (torch.randn(batch, kv_heads, length, dim, dtype=dtype) for _ in range(2))
+    keep = torch.ones(batch, 1, q_len, length, dtype=torch.bool)
+    keep[1, ..., :9] = False  # left padding
+    keep[2, ..., 20:24] = False  # a rejected draft's hidden columns
+    keep[..., length - q_len:] = torch.tril(torch.ones(q_len, q_len, dtype=torch.bool))  # causal in the block
+    mask = keep if mask_kind == "bool" else \
+        torch.zeros(keep.shape, dtype=dtype).masked_fill(~keep, torch.finfo(dtype).min)
+    module = _module(heads, kv_heads)
+    theirs, _ = sdpa_attention_forward(module, query, key, value, mask, scaling=0.3)
+    with decode_attention.draft_blocks():
+        ours, _ = decode_attention.decode_attention_forward(module, query, key, value, mask, scaling=0.3)
+    assert ours.shape == theirs.shape == (batch, q_len, heads, dim)
+    tolerance = 1e-5 if dtype == torch.float32 else 2e-2
+    torch.testing.assert_close(ours.float(), theirs.float(), atol=tolerance, rtol=tolerance)
+    outside, _ = decode_attention.decode_attention_forward(module, query, key, value, mask, scaling=0.3)
+    assert torch.equal(outside, theirs)  # a short prefill keeps SDPA's numbers
+
+
 def test_prefill_and_training_go_to_sdpa_unchanged(monkeypatch: pytest.MonkeyPatch) -> None:
     calls: list[tuple[int, bool]] = []
 

@@ -74,6 +74,24 @@ async def test_sampled_rows_with_drafts_report_the_models_log_probs(model: Any, 
     assert generator.stats["accepted_tokens"] < generator.stats["drafted_tokens"]  # some were rejected too
 
 
+async def test_in_bf16_the_block_takes_the_decode_attention_and_log_probs_stay_the_models(
+        prompts: list[list[int]]) -> None:
+    """bf16 switches the generator to its own decode attention, whose few-query path then serves the blocks
+    (left padding, hidden columns of rejected drafts, causal order within the block); log-probs against a bf16
+    teacher-forced pass, within bf16's rounding."""
+    bf16 = AutoModelForCausalLM.from_pretrained(resolve_model_path("tiny-test"), dtype=torch.bfloat16,
+                                                attn_implementation="sdpa").eval()
+    generator = HFGenerator(bf16, [EOS], pad_token_id=PAD, seed=0, draft_tokens=6)
+    assert generator.decode_attention
+    params = [{"temperature": 0.05, "logprobs": True, "max_tokens": 24, "seed": i, "ignore_eos": True}
+              for i in range(len(prompts))]
+    outs = await _run(generator, prompts, params)
+    for prompt, out in zip(prompts, outs, strict=True):
+        expected = teacher_forced_logprobs(bf16, prompt, out.token_ids, 0.05)
+        assert out.log_probs == pytest.approx(expected, abs=0.3)  # plain decoding here: within 0.1
+    assert generator.stats["accepted_tokens"] > 0
+
+
 async def test_a_stop_inside_accepted_drafts_ends_the_row_and_its_next_turn_reuses_the_cache(
         model: Any, prompts: list[list[int]]) -> None:
     prompt = prompts[3]

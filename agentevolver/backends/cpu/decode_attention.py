@@ -22,17 +22,40 @@ attention interfaces, and switches a loaded model to it; bench/precision.py meas
 
 from __future__ import annotations
 
+import contextlib
 import math
+import threading
+from collections.abc import Iterator
 from typing import Any
 
 import torch
 
-__all__ = ["EXACT_ROWS", "NAME", "decode_attention_forward", "install"]
+__all__ = ["EXACT_ROWS", "MAX_QUERIES", "NAME", "decode_attention_forward", "draft_blocks", "install"]
 
 #: The attention implementation name this module registers.
 NAME = "agentevolver_cpu_decode"
 #: Attribute on an attention module that makes its decode steps compute each row over exactly its own columns.
 EXACT_ROWS = "agentevolver_exact_rows"
+#: Most query tokens per row taken by the decode path inside :func:`draft_blocks` (a speculative step's sampled
+#: token plus its drafts); a longer block goes to SDPA.
+MAX_QUERIES = 17
+
+#: Whether this thread's forward passes are speculative decode steps (:func:`draft_blocks`); anything else with
+#: more than one query token (prefills, however short) keeps SDPA, so their numbers are what they were.
+_blocks = threading.local()
+
+
+@contextlib.contextmanager
+def draft_blocks() -> Iterator[None]:
+    """Within it, this thread's forward passes of 2 to :data:`MAX_QUERIES` query tokens per row take the decode
+    path (:func:`_few_queries`) instead of SDPA: the generator's speculative steps, where SDPA's CPU kernel
+    would cost several plain decode steps."""
+    previous = getattr(_blocks, "on", False)
+    _blocks.on = True
+    try:
+        yield
+    finally:
+        _blocks.on = previous
 
 
 def decode_attention_forward(
@@ -52,11 +75,14 @@ def decode_attention_forward(
 
     batch, heads, q_len, dim = query.shape
     kv_heads = key.shape[1]
-    if q_len != 1 or dropout > 0.0 or module.training or heads % kv_heads:
+    if q_len > MAX_QUERIES or dropout > 0.0 or module.training or heads % kv_heads \
+            or (q_len > 1 and (attention_mask is None or not getattr(_blocks, "on", False))):
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout,
                                       scaling=scaling, is_causal=is_causal, **kwargs)
     groups = heads // kv_heads
     scale = scaling if scaling is not None else 1.0 / math.sqrt(dim)
+    if q_len > 1:
+        return _few_queries(query, key, value, attention_mask, groups, scale), None
     # query head h attends with key/value head h // groups (transformers' repeat_kv order)
     scores = torch.matmul(query.reshape(batch, kv_heads, groups, dim), key.transpose(-1, -2)).float() * scale
     if attention_mask is not None:  # SDPA's mask: bool (True = attend) or additive, (B, 1, 1, L)
@@ -81,6 +107,28 @@ def decode_attention_forward(
 #: same mask tensor, so its row spans are found once per decode step, not once per layer (the mask is held
 #: here, so no later tensor can take its place while it is compared by identity)
 _spans: tuple[torch.Tensor, list[int], list[int]] | None = None
+
+
+def _few_queries(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attention_mask: torch.Tensor,
+                 groups: int, scale: float) -> torch.Tensor:
+    """A decode step that feeds a row several tokens (speculative decoding's drafts, the generator's
+    ``draft_tokens``): as the one-token step, with every query position of a key/value head's query heads
+    stacked as rows of its product, and SDPA's mask ``(B, 1, q, L)`` (causal within the block) per position.
+    Returns ``(B, q, heads, d)``."""
+    batch, heads, q_len, dim = query.shape
+    kv_heads, length = key.shape[1], key.shape[2]
+    stacked = query.reshape(batch, kv_heads, groups * q_len, dim)  # head h = kv * groups + g, then position
+    scores = torch.matmul(stacked, key.transpose(-1, -2)).float() * scale
+    scores = scores.view(batch, kv_heads, groups, q_len, length)
+    mask = attention_mask[..., -q_len:, :length]
+    spare = length - mask.shape[-1]
+    if spare > 0:  # a growing cache's spare columns hold no token yet
+        mask = torch.nn.functional.pad(mask, (0, spare), value=False if mask.dtype == torch.bool else float("-inf"))
+    mask = mask[:, :, None]  # (B, 1, 1, q, L)
+    scores = scores.masked_fill(~mask, float("-inf")) if mask.dtype == torch.bool else scores + mask.float()
+    probs = torch.softmax(scores, dim=-1).to(value.dtype).view(batch, kv_heads, groups * q_len, length)
+    out = torch.matmul(probs, value)  # (B, kv_heads, groups * q, d)
+    return out.view(batch, heads, q_len, dim).transpose(1, 2).contiguous()
 
 
 def _row_spans(attention_mask: torch.Tensor) -> tuple[list[int], list[int]]:

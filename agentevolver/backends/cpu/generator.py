@@ -907,10 +907,11 @@ class HFGenerator:
             block_mask[slot, :1 + len(draft)] = 1
         batch.mask = torch.cat([batch.mask, block_mask], dim=-1)
         offsets = torch.arange(1, width + 1, device=batch.positions.device)
-        logits = self.model(
-            input_ids=block, attention_mask=batch.mask, position_ids=batch.positions + offsets[None, :],
-            past_key_values=batch.cache, use_cache=True,
-        ).logits
+        with decode_attention.draft_blocks():  # the block takes the decode path, not SDPA's prefill kernel
+            logits = self.model(
+                input_ids=block, attention_mask=batch.mask, position_ids=batch.positions + offsets[None, :],
+                past_key_values=batch.cache, use_cache=True,
+            ).logits
         self.stats["decode_steps"] += 1
         self.stats["draft_passes"] += 1
         self.stats["drafted_tokens"] += sum(len(draft) for draft in drafts)
