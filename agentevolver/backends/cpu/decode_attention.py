@@ -86,11 +86,7 @@ def decode_attention_forward(
     # query head h attends with key/value head h // groups (transformers' repeat_kv order)
     scores = torch.matmul(query.reshape(batch, kv_heads, groups, dim), key.transpose(-1, -2)).float() * scale
     if attention_mask is not None:  # SDPA's mask: bool (True = attend) or additive, (B, 1, 1, L)
-        mask = attention_mask[..., -1:, : key.shape[2]]
-        spare = key.shape[2] - mask.shape[-1]
-        if spare > 0:  # a growing cache's whole buffer (.kv_cache): columns past the mask hold no token yet
-            filler = False if mask.dtype == torch.bool else float("-inf")
-            mask = torch.nn.functional.pad(mask, (0, spare), value=filler)
+        mask = _mask_over(attention_mask, 1, key.shape[2])
         if mask.dtype == torch.bool:
             scores = scores.masked_fill(~mask, float("-inf"))
         else:
@@ -109,6 +105,16 @@ def decode_attention_forward(
 _spans: tuple[torch.Tensor, list[int], list[int]] | None = None
 
 
+def _mask_over(attention_mask: torch.Tensor, q_len: int, length: int) -> torch.Tensor:
+    """SDPA's mask rows of the last ``q_len`` queries, over exactly ``length`` key columns: a growing cache's whole
+    buffer (.kv_cache) is longer than the mask, and the columns past it hold no token yet (hidden)."""
+    mask = attention_mask[..., -q_len:, :length]
+    spare = length - mask.shape[-1]
+    if spare > 0:
+        mask = torch.nn.functional.pad(mask, (0, spare), value=False if mask.dtype == torch.bool else float("-inf"))
+    return mask
+
+
 def _few_queries(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attention_mask: torch.Tensor,
                  groups: int, scale: float) -> torch.Tensor:
     """A decode step that feeds a row several tokens (speculative decoding's drafts, the generator's
@@ -120,11 +126,7 @@ def _few_queries(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, at
     stacked = query.reshape(batch, kv_heads, groups * q_len, dim)  # head h = kv * groups + g, then position
     scores = torch.matmul(stacked, key.transpose(-1, -2)).float() * scale
     scores = scores.view(batch, kv_heads, groups, q_len, length)
-    mask = attention_mask[..., -q_len:, :length]
-    spare = length - mask.shape[-1]
-    if spare > 0:  # a growing cache's spare columns hold no token yet
-        mask = torch.nn.functional.pad(mask, (0, spare), value=False if mask.dtype == torch.bool else float("-inf"))
-    mask = mask[:, :, None]  # (B, 1, 1, q, L)
+    mask = _mask_over(attention_mask, q_len, length)[:, :, None]  # (B, 1, 1, q, L)
     scores = scores.masked_fill(~mask, float("-inf")) if mask.dtype == torch.bool else scores + mask.float()
     probs = torch.softmax(scores, dim=-1).to(value.dtype).view(batch, kv_heads, groups * q_len, length)
     out = torch.matmul(probs, value)  # (B, kv_heads, groups * q, d)

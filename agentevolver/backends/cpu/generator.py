@@ -840,16 +840,10 @@ class HFGenerator:
         ended: list[int] = []
         for slot, row in enumerate(batch.rows):
             output, request = row.output, row.request
-            output.token_ids.append(token_list[slot])
-            if request.settings.logprobs:
-                output.log_probs.append(logprob_list[slot])
-            if token_list[slot] in output.stop_ids:
-                output.stop_reason = "completed"
-            elif len(output.token_ids) >= request.settings.max_tokens:
-                output.stop_reason = "length"
-            elif stop.is_set() or request.future.done():
+            _append(output, request, token_list[slot], logprob_list[slot] if request.settings.logprobs else None)
+            if output.stop_reason is None and (stop.is_set() or request.future.done()):
                 output.stop_reason = "aborted"
-            else:
+            if output.stop_reason is None:
                 keep.append(slot)
                 continue
             ended.append(slot)
@@ -925,14 +919,8 @@ class HFGenerator:
             self.stats["accepted_tokens"] += accepted
             kept = 0
             for index in range(accepted):
-                output.token_ids.append(draft[index])
-                if request.settings.logprobs:
-                    output.log_probs.append(logprobs[index])
+                _append(output, request, draft[index], logprobs[index] if request.settings.logprobs else None)
                 kept += 1
-                if draft[index] in output.stop_ids:
-                    output.stop_reason = "completed"
-                elif len(output.token_ids) >= request.settings.max_tokens:
-                    output.stop_reason = "length"
                 if output.stop_reason is not None:
                     break
             if output.stop_reason is not None:
@@ -965,6 +953,18 @@ class HFGenerator:
             log_probs=output.log_probs if settings.logprobs else None,
             stop_reason=output.stop_reason,
         )
+
+
+def _append(output: _Output, request: _Request, token: int, logprob: float | None) -> None:
+    """Add a generated token (and its log-prob, when asked for) to ``output``; end it on a stop id
+    ("completed") or at ``max_tokens`` ("length")."""
+    output.token_ids.append(token)
+    if logprob is not None:
+        output.log_probs.append(logprob)
+    if token in output.stop_ids:
+        output.stop_reason = "completed"
+    elif len(output.token_ids) >= request.settings.max_tokens:
+        output.stop_reason = "length"
 
 
 def _append_taken(cache: Any, taken: Sequence[TurnEntry | None], reused: Sequence[int], width: int) -> None:
