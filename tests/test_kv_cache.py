@@ -103,3 +103,27 @@ def test_replaced_keys_start_a_fresh_buffer() -> None:
     torch.testing.assert_close(keys[:, :, 6:7], new)
     assert bool((keys[:, :, 7:] == 0).all()) and bool((values[:, :, 7:] == 0).all())
     torch.testing.assert_close(layer.keys, torch.cat([states[[2, 0]], new], dim=2))
+
+
+def test_a_speculative_block_gets_the_whole_buffers_and_a_prefill_a_copy() -> None:
+    """Inside ``draft_blocks`` a block of a few tokens takes the decode attention, so it gets the buffers
+    themselves, as a one-token step does: a contiguous copy of every layer's cache per pass cost a speculative
+    step more than its attention (SmolLM2, 16 rows of ~900 tokens, bf16: 308 -> 237 ms a pass). Outside it
+    (a prefill, SDPA) the same block gets plain tensors of the exact width."""
+    layer = GrowingLayer(keys_transposed=True)
+    states = torch.randn(2, 3, 6, 4)
+    layer.update(states, states)
+    block = torch.randn(2, 3, 4, 4)
+    with decode_attention.draft_blocks():
+        keys, values = layer.update(block, block)
+    assert keys.data_ptr() == layer._key_buffer.data_ptr() and values.data_ptr() == layer._value_buffer.data_ptr()
+    assert keys.shape[2] == 6 + HEADROOM
+    torch.testing.assert_close(keys[:, :, :10], torch.cat([states, block], dim=2))
+    assert bool((keys[:, :, 10:] == 0).all())
+    keys, values = layer.update(block, block)  # the same block outside: SDPA's prefill wants exact, contiguous
+    assert keys.shape[2] == 14 and keys.is_contiguous() and values.is_contiguous()
+    assert keys.data_ptr() != layer._key_buffer.data_ptr()
+    too_long = torch.randn(2, 3, decode_attention.MAX_QUERIES + 1, 4)
+    with decode_attention.draft_blocks():
+        keys, _ = layer.update(too_long, too_long)  # past MAX_QUERIES the block goes to SDPA, so: exact width
+    assert keys.shape[2] == 14 + decode_attention.MAX_QUERIES + 1

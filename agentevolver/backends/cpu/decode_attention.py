@@ -30,7 +30,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["EXACT_ROWS", "MAX_QUERIES", "NAME", "decode_attention_forward", "draft_blocks", "install"]
+__all__ = ["EXACT_ROWS", "MAX_QUERIES", "NAME", "decode_attention_forward", "draft_blocks", "install", "takes_block"]
 
 #: The attention implementation name this module registers.
 NAME = "agentevolver_cpu_decode"
@@ -56,6 +56,13 @@ def draft_blocks() -> Iterator[None]:
         yield
     finally:
         _blocks.on = previous
+
+
+def takes_block(q_len: int) -> bool:
+    """Whether a forward pass of ``q_len`` query tokens per row, on this thread now, takes the decode path: one
+    token always, 2 to :data:`MAX_QUERIES` inside :func:`draft_blocks`. The growing cache (:mod:`.kv_cache`)
+    then hands it its whole buffers, as it does a one-token step, instead of contiguous copies for SDPA."""
+    return q_len == 1 or (q_len <= MAX_QUERIES and getattr(_blocks, "on", False))
 
 
 def decode_attention_forward(
@@ -124,10 +131,12 @@ def _few_queries(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, at
     batch, heads, q_len, dim = query.shape
     kv_heads, length = key.shape[1], key.shape[2]
     stacked = query.reshape(batch, kv_heads, groups * q_len, dim)  # head h = kv * groups + g, then position
-    scores = torch.matmul(stacked, key.transpose(-1, -2)).float() * scale
+    # the one-token step's arithmetic (float32 scores, scaled, masked, softmax), each pass over the scores in place:
+    # with q_len rows per head they are q_len times a decode step's, and every extra pass reads all of them again
+    scores = torch.matmul(stacked, key.transpose(-1, -2)).float().mul_(scale)
     scores = scores.view(batch, kv_heads, groups, q_len, length)
     mask = _mask_over(attention_mask, q_len, length)[:, :, None]  # (B, 1, 1, q, L)
-    scores = scores.masked_fill(~mask, float("-inf")) if mask.dtype == torch.bool else scores + mask.float()
+    scores = scores.masked_fill_(~mask, float("-inf")) if mask.dtype == torch.bool else scores.add_(mask.float())
     probs = torch.softmax(scores, dim=-1).to(value.dtype).view(batch, kv_heads, groups * q_len, length)
     out = torch.matmul(probs, value)  # (B, kv_heads, groups * q, d)
     return out.view(batch, heads, q_len, dim).transpose(1, 2).contiguous()

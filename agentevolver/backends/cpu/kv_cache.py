@@ -22,6 +22,8 @@ import torch
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
+from agentevolver.backends.cpu import decode_attention
+
 __all__ = ["HEADROOM", "GrowingLayer", "new_cache"]
 
 #: Spare columns a buffer is allocated with: one copy of the cache per this many decode steps.
@@ -34,7 +36,8 @@ class GrowingLayer(DynamicLayer):
     Args:
         keys_transposed: for the bf16/fp16 decode attention (:mod:`.decode_attention`): keep the key buffer as
             ``[rows, heads, head_dim, columns]`` and give a decode step the *whole* buffers, spare columns
-            included (zeros, hidden by the mask, which that attention pads to the buffer's width). A bf16
+            included (zeros, hidden by the mask, which that attention pads to the buffer's width); so too a
+            speculative step's block of drafted tokens (:func:`.decode_attention.takes_block`). A bf16
             GEMM on CPU copies a strided operand to a contiguous one first: with views of the first columns
             the two copies per layer cost as much as ``torch.cat`` did. Whole buffers are contiguous, so
             nothing is copied, for at most :data:`HEADROOM` extra columns of attention. fp32 GEMMs read
@@ -62,11 +65,13 @@ class GrowingLayer(DynamicLayer):
             self._key_buffer[:, :, length:end] = key_states
         self._value_buffer[:, :, length:end] = value_states
         self.keys, self.values = self._views(end)
-        if key_states.shape[-2] > 1:  # a prefill: attention over many queries wants plain, contiguous tensors
-            return self.keys.contiguous(), self.values.contiguous()
-        if self.keys_transposed:  # the decode attention masks the spare columns (see the class docstring)
-            return self._key_buffer.transpose(-1, -2), self._value_buffer
-        return self.keys, self.values
+        if not (self.keys_transposed and decode_attention.takes_block(key_states.shape[-2])):
+            # a prefill (SDPA), or SDPA's fp32 decode step: plain tensors of the exact width, contiguous for a prefill
+            if key_states.shape[-2] > 1:
+                return self.keys.contiguous(), self.values.contiguous()
+            return self.keys, self.values
+        # the decode attention, one token or a speculative step's block: the whole buffers, spare columns masked
+        return self._key_buffer.transpose(-1, -2), self._value_buffer
 
     def _views(self, end: int) -> tuple[torch.Tensor, torch.Tensor]:
         """``[rows, heads, end, head_dim]`` views of the buffers' first ``end`` columns."""
@@ -109,9 +114,7 @@ def new_cache(model_config: Any) -> DynamicCache:
     Keys are kept transposed when the model runs the bf16/fp16 decode attention (:mod:`.decode_attention`);
     layers of any other kind (sliding-window, quantized) keep transformers' own class.
     """
-    from agentevolver.backends.cpu.decode_attention import NAME
-
-    transposed = getattr(model_config, "_attn_implementation", None) == NAME
+    transposed = getattr(model_config, "_attn_implementation", None) == decode_attention.NAME
     cache = DynamicCache(config=model_config)
     cache.layers = [GrowingLayer(keys_transposed=transposed) if type(layer) is DynamicLayer else layer
                     for layer in cache.layers]
