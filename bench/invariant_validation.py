@@ -19,7 +19,9 @@ against a real env service) with generators in one process:
 
 Rounds alternate arm order so a drift of the machine's load falls on all; the best round of each counts.
 "same as alone" counts the episodes whose every response is token-identical to the ``invariant, alone``
-round's: the invariant arms must show all of them.
+round's: the invariant arms must show all of them. "same as plain" counts them against the ``plain`` round: a
+speculative arm (``--draft-tokens``) keeps a drafted token where the block's logits make it the argmax, which
+a one-token step's bf16 numbers may not.
 """
 
 from __future__ import annotations
@@ -90,6 +92,7 @@ async def main_async(args: argparse.Namespace, console: Console) -> None:
     arms = [arm for arm in ARMS if arm in args.arms]
     arms += [f"{arm}, rows {rows}" for rows in args.also_rows for arm in arms if ARMS[arm][1]]  # decoded together
     arms += [f"plain, drafts {k}" for k in args.draft_tokens]  # speculative decoding skips timing-proof rows
+    arms += [f"plain, drafts {k}, rows {rows}" for k in args.draft_tokens for rows in args.also_rows]
     generators = {arm: make_generator(model, arm, args, budgets["max_response_len"]) for arm in arms}
     env_type = settings.env_service.env_type
     split = args.split or settings.env_service.val_split
@@ -113,19 +116,20 @@ async def main_async(args: argparse.Namespace, console: Console) -> None:
                         f"{split}, max {args.max_batch_size} rows, best of {args.rounds}; load {load[0]:.2f} "
                         "at the end")
     for column in ("arm", "wall s", f"vs {BASELINE}", "vs plain", "tokens/s", "solved", "rows/decode step",
-                   "prefilled tokens", "same as alone"):
+                   "prefilled tokens", "same as alone", "same as plain"):
         table.add_column(column, justify="right")
     for arm, row in best.items():
         stats = row["stats"]
-        same = "-" if reference is None else \
-            f"{sum(a == b for a, b in zip(row['tokens'], reference['tokens'], strict=True))}/{len(task_ids)}"
+        same = {name: "-" if other is None else
+                f"{sum(a == b for a, b in zip(row['tokens'], other['tokens'], strict=True))}/{len(task_ids)}"
+                for name, other in (("alone", reference), ("plain", best.get("plain")))}
         table.add_row(
             arm, f"{row['seconds']:.1f}",
             f"{reference['seconds'] / row['seconds']:.2f}x" if reference else "-",
             f"{best['plain']['seconds'] / row['seconds']:.2f}x" if "plain" in best else "-",
             f"{stats['generated_tokens'] / row['seconds']:.0f}", f"{row['success']}/{len(task_ids)}",
             f"{stats['generated_tokens'] / max(stats['decode_steps'], 1):.1f}",
-            f"{row['prefilled']:.0f}", same,
+            f"{row['prefilled']:.0f}", same["alone"], same["plain"],
         )
     console.print(table)
 
@@ -140,7 +144,8 @@ def main() -> None:
     parser.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"])
     parser.add_argument("--max-batch-size", type=int, default=16, help="as the CPU rollout server's default")
     parser.add_argument("--draft-tokens", type=int, nargs="*", default=[],
-                        help="also run plain batching with speculative decoding, up to K prompt-lookup drafts per row")
+                        help="also run plain batching with speculative decoding, up to K prompt-lookup drafts per row "
+                             "(at --max-batch-size and at every --also-rows)")
     parser.add_argument("--also-rows", type=int, nargs="*", default=[],
                         help="also run every batched arm at these max_batch_size values (one process, so the "
                              "ratios compare like with like)")
