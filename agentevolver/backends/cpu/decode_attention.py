@@ -82,8 +82,8 @@ def decode_attention_forward(
 
     batch, heads, q_len, dim = query.shape
     kv_heads = key.shape[1]
-    if q_len > MAX_QUERIES or dropout > 0.0 or module.training or heads % kv_heads \
-            or (q_len > 1 and (attention_mask is None or not getattr(_blocks, "on", False))):
+    if not takes_block(q_len) or dropout > 0.0 or module.training or heads % kv_heads \
+            or (q_len > 1 and attention_mask is None):
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout,
                                       scaling=scaling, is_causal=is_causal, **kwargs)
     groups = heads // kv_heads
