@@ -15,7 +15,9 @@ against a real env service) with generators in one process:
 * ``invariant, alone``: batch_invariant_greedy on, each greedy request decoded alone and every prompt
   prefilled whole (the probe's fallback with ``chunk_cache_mb=0``: what the option did before);
 * ``invariant, batched``: batch_invariant_greedy on, rows decoded together (closed batches);
-* ``invariant, continuous``: the same with continuous batching.
+* ``invariant, continuous``: the same with continuous batching;
+* ``continuous``: plain with continuous batching (``--join-free-rows`` adds it at other join thresholds; with
+  ``--draft-tokens`` it also runs speculatively).
 
 Rounds alternate arm order so a drift of the machine's load falls on all; the best round of each counts.
 "same as alone" counts the episodes whose every response is token-identical to the ``invariant, alone``
@@ -57,23 +59,29 @@ ARMS: dict[str, tuple[bool, bool, bool]] = {
     "invariant, alone": (True, False, False),
     "invariant, batched": (True, True, False),
     "invariant, continuous": (True, True, True),
+    "continuous": (False, True, True),
 }
 BASELINE = "invariant, alone"
 
 
-def arm_rows(arm: str, args: argparse.Namespace) -> tuple[str, int, int]:
-    """``"plain, rows 32"`` -> ("plain", 32, 0), ``"plain, drafts 6"`` -> ("plain", 16, 6): the arm, its
-    max_batch_size (default ``--max-batch-size``) and its speculative draft length (default none)."""
-    name, _, rows = arm.partition(", rows ")
-    name, _, drafts = name.partition(", drafts ")
-    return name, int(rows) if rows else args.max_batch_size, int(drafts) if drafts else 0
+def arm_rows(arm: str, args: argparse.Namespace) -> tuple[str, int, int, int]:
+    """``"plain, rows 32"`` -> ("plain", 32, 0, 1), ``"continuous, drafts 6, join 4"`` -> ("continuous", 16, 6,
+    4): the arm, its max_batch_size (default ``--max-batch-size``), its speculative draft length (default none)
+    and its join_free_rows (default 1)."""
+    name, *options = arm.split(", ")
+    values = {"rows": args.max_batch_size, "drafts": 0, "join": 1}
+    for option in options:
+        key, _, value = option.partition(" ")
+        values[key] = int(value)
+    return name, values["rows"], values["drafts"], values["join"]
 
 
 def make_generator(model: str, arm: str, args: argparse.Namespace, max_tokens: int) -> HFGenerator:
-    arm, rows, drafts = arm_rows(arm, args)
+    arm, rows, drafts, join = arm_rows(arm, args)
     invariant, together, continuous = ARMS[arm]
     generator = HFGenerator.from_pretrained(model, dtype=args.dtype, seed=0, max_batch_size=rows, draft_tokens=drafts,
                                             default_max_tokens=max_tokens, continuous_batching=continuous,
+                                            join_free_rows=join,
                                             batch_invariant_greedy=invariant,
                                             chunk_cache_mb=512 if together else 0)
     if invariant and together and not generator.rows_independent:
@@ -91,8 +99,11 @@ async def main_async(args: argparse.Namespace, console: Console) -> None:
     model = str(cfg.actor_rollout_ref.model.path)
     arms = [arm for arm in ARMS if arm in args.arms]
     arms += [f"{arm}, rows {rows}" for rows in args.also_rows for arm in arms if ARMS[arm][1]]  # decoded together
-    arms += [f"plain, drafts {k}" for k in args.draft_tokens]  # speculative decoding skips timing-proof rows
-    arms += [f"plain, drafts {k}, rows {rows}" for k in args.draft_tokens for rows in args.also_rows]
+    arms += [f"{arm}, join {join}" for join in args.join_free_rows for arm in arms if arm == "continuous"]
+    plain = [arm for arm in arms if arm.startswith(("plain", "continuous")) and ", rows" not in arm]
+    # speculative decoding skips timing-proof rows: the plain and continuous arms only
+    arms += [f"{arm}, drafts {k}" for k in args.draft_tokens for arm in plain]
+    arms += [f"{arm}, drafts {k}, rows {rows}" for k in args.draft_tokens for rows in args.also_rows for arm in plain]
     generators = {arm: make_generator(model, arm, args, budgets["max_response_len"]) for arm in arms}
     env_type = settings.env_service.env_type
     split = args.split or settings.env_service.val_split
@@ -149,6 +160,9 @@ def main() -> None:
     parser.add_argument("--also-rows", type=int, nargs="*", default=[],
                         help="also run every batched arm at these max_batch_size values (one process, so the "
                              "ratios compare like with like)")
+    parser.add_argument("--join-free-rows", type=int, nargs="*", default=[],
+                        help="also run the continuous arm with joiners admitted once this many rows are free "
+                             "(the generator's join_free_rows; the arm itself uses 1)")
     parser.add_argument("--arms", nargs="+", default=list(ARMS), choices=list(ARMS), metavar="ARM",
                         help=f"arms to run (default all: {', '.join(ARMS)})")
     parser.add_argument("overrides", nargs="*", help="Hydra overrides for the preset")

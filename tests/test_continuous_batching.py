@@ -142,6 +142,38 @@ async def test_continuous_batching_gives_the_greedy_tokens_of_one_at_a_time_gene
         assert out.log_probs == pytest.approx(expected, abs=1e-4)
 
 
+async def test_joiners_wait_for_join_free_rows_free_rows_then_join_before_the_batch_ends(
+    model: Any, prompts: list[list[int]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``join_free_rows=2`` with 4 rows: a request queued while 3 rows run (1 free) waits; once the short row
+    ends (2 free) it joins the running batch, and is answered before the long rows end."""
+    want_late = hf_greedy(model, prompts[4], 3)
+    gate = StepGate(model, monkeypatch)
+    gen = HFGenerator(model, [EOS], pad_token_id=PAD, batch_wait_s=0, continuous_batching=True, max_batch_size=4,
+                      join_free_rows=2)
+    short = {"temperature": 0, "max_tokens": 6, "ignore_eos": True}
+    try:
+        first = [asyncio.create_task(gen.generate(f"r{i}", prompt_ids=prompts[i], sampling_params=params))
+                 for i, params in ((3, LONG), (5, LONG), (0, short))]
+        late = await submit_during(gate, 2, gen, "late", prompts[4],
+                                   {"temperature": 0, "max_tokens": 3, "ignore_eos": True})
+        got_late = await asyncio.wait_for(late, TIMEOUT_S)
+        assert first[2].done(), "the late request joined while only one row was free"
+        assert not first[0].done() and not first[1].done(), "the late request waited for the batch to end"
+        await asyncio.wait_for(asyncio.gather(*first), TIMEOUT_S)
+    finally:
+        await gen.aclose()
+    assert got_late.token_ids == want_late
+    assert gen.stats["streams"] == 1 and gen.stats["joined_running"] == 1
+    assert gen.stats["max_rows"] == 3  # never 4: it joined after the short row left
+
+
+def test_join_free_rows_outside_one_to_max_batch_size_is_refused(model: Any) -> None:
+    for bad in (0, 17):
+        with pytest.raises(ValueError, match="join_free_rows must be between 1 and max_batch_size"):
+            HFGenerator(model, [EOS], pad_token_id=PAD, continuous_batching=True, join_free_rows=bad)
+
+
 async def test_without_continuous_batching_a_batch_stays_closed(
     model: Any, prompts: list[list[int]], monkeypatch: pytest.MonkeyPatch
 ) -> None:

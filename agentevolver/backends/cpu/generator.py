@@ -146,6 +146,10 @@ class HFGenerator:
             arrive one or two at a time and each small prefill and merge costs nearly a full decode step
             (docs/benchmarks.md, issue 44). Off, a batch stays closed until its last row ends (the composition
             of every batch then depends only on arrival within ``batch_wait_s``).
+        join_free_rows: with continuous batching, queued requests join a running batch only once at least this
+            many of its ``max_batch_size`` rows are free (1: at every step with a free row). Each join costs a
+            prefill and a copy of the running rows' keys/values whatever the joiners' number, so admitting them
+            a few at a time spends that on more rows.
         batch_invariant_greedy: a greedy request's (temperature 0: verl's validation) tokens depend only on the
             weights and its prompt, never on which requests happened to arrive with it. Batched as usual, a
             bf16 row's numbers move with the batch's shape (padding, shared prefix, turn cache; enough to flip
@@ -186,6 +190,7 @@ class HFGenerator:
         prefix_cache_entries: int = 4,
         turn_cache_mb: float = 1024,
         continuous_batching: bool = False,
+        join_free_rows: int = 1,
         batch_invariant_greedy: bool = False,
         chunk_cache_mb: float = 512,
         draft_tokens: int = 0,
@@ -196,6 +201,9 @@ class HFGenerator:
             raise ValueError(f"chunk_cache_mb must be >= 0 (0 turns the chunk cache off); got {chunk_cache_mb}")
         if turn_cache_mb < 0:
             raise ValueError(f"turn_cache_mb must be >= 0 (0 turns the turn cache off); got {turn_cache_mb}")
+        if not 1 <= join_free_rows <= max_batch_size:
+            raise ValueError(f"join_free_rows must be between 1 and max_batch_size ({max_batch_size}); got "
+                             f"{join_free_rows}")
         if draft_tokens < 0:
             raise ValueError(f"draft_tokens must be >= 0 (0 turns speculative decoding off); got {draft_tokens}")
         if batch_wait_s < 0:
@@ -220,6 +228,7 @@ class HFGenerator:
         self.batch_wait_s = batch_wait_s
         self.default_max_tokens = default_max_tokens
         self.continuous_batching = bool(continuous_batching)
+        self.join_free_rows = int(join_free_rows)
         self.batch_invariant_greedy = bool(batch_invariant_greedy)
         self.draft_tokens = int(draft_tokens)
         self.tokenizer: Any = None  # set by from_pretrained, for callers that want the matching tokenizer
@@ -636,7 +645,9 @@ class HFGenerator:
                 if self.continuous_batching and not stop.is_set():
                     room = self.max_batch_size - (len(running) if running is not None else 0)
                     alone = running is not None and any(self._alone(row.request) for row in running.rows)
-                    joining = self._take_batch(room, join=running is not None) if room > 0 and not alone else []
+                    # a stream whose rows all ended has every row free, so it takes whatever waits
+                    joining = self._take_batch(room, join=running is not None) \
+                        if room >= self.join_free_rows and not alone else []
                 # without continuous batching a batch ends when its rows do; the serving task starts the next
                 if running is None and not joining:
                     break

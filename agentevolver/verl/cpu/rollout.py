@@ -28,6 +28,7 @@ be 1), weights always load from ``model.path`` at start (``load_format`` is igno
 endpoint (the replica's "address" is the server's Ray actor name), ``rollout.dtype`` picks the model dtype
 (use ``float32`` on CPU so rollout and trainer log-probs agree), and ``rollout.engine_kwargs.hf`` is passed to
 ``HFGenerator`` (``max_batch_size``, ``batch_wait_s``, ``prefix_cache_entries``, ``turn_cache_mb``, ``chunk_cache_mb``, ``continuous_batching``,
+``join_free_rows``: how many free rows a running batch waits for before requests join it;
 ``batch_invariant_greedy``: greedy validation that timing cannot change; ``draft_tokens``: speculative decoding with
 prompt-lookup drafts; ``seed``: replica ``r`` samples with seed + ``r``,
 default ``rollout.seed``). Like vLLM, a missing ``max_tokens`` means
