@@ -89,20 +89,65 @@ def test_appends_write_in_place_until_the_headroom_is_used() -> None:
     torch.testing.assert_close(layer.keys[:, :, :5], first)
 
 
+@pytest.mark.parametrize("transposed", [False, True], ids=["plain", "transposed"])
+def test_rows_leaving_select_the_buffers_so_the_next_append_writes_in_place(transposed: bool) -> None:
+    """``batch_select_indices`` (a row left the batch) selects the buffers' rows, spare columns included: the
+    next decode step appends into that buffer instead of copying the cache once more."""
+    layer = GrowingLayer(keys_transposed=transposed)
+    states = torch.randn(3, 2, 6, 4)
+    layer.update(states, states + 1)
+    layer.batch_select_indices(torch.tensor([2, 0]))
+    buffer = layer._key_buffer
+    assert buffer is not None and buffer.shape[0] == 2
+    torch.testing.assert_close(layer.keys, states[[2, 0]])
+    new = torch.randn(2, 2, 1, 4)
+    keys, values = layer.update(new, new)
+    assert layer._key_buffer is buffer  # appended in place
+    torch.testing.assert_close(layer.keys, torch.cat([states[[2, 0]], new], dim=2))
+    torch.testing.assert_close(layer.values, torch.cat([states[[2, 0]] + 1, new], dim=2))
+    if transposed:  # a decode step of the transposed layout gets whole buffers: spare columns are zeros
+        assert bool((keys[:, :, 7:] == 0).all()) and bool((values[:, :, 7:] == 0).all())
+
+
 def test_replaced_keys_start_a_fresh_buffer() -> None:
-    """Rows leaving (``batch_select_indices``) or columns dropped replace ``keys``; the next append must not
-    write into the old buffer behind them."""
+    """Columns dropped by a slice replace ``keys``; the next append must not write into the old buffer behind
+    them."""
     layer = GrowingLayer(keys_transposed=True)
     states = torch.randn(3, 2, 6, 4)
     layer.update(states, states)
-    layer.batch_select_indices(torch.tensor([2, 0]))
-    new = torch.randn(2, 2, 1, 4)
+    buffer = layer._key_buffer
+    layer.keys, layer.values = layer.keys[:, :, 2:], layer.values[:, :, 2:]
+    new = torch.randn(3, 2, 1, 4)
     keys, values = layer.update(new, new)
+    assert layer._key_buffer is not buffer
     # a decode step of the transposed layout returns whole buffers; the real columns come first
-    torch.testing.assert_close(keys[:, :, :6], states[[2, 0]])
-    torch.testing.assert_close(keys[:, :, 6:7], new)
-    assert bool((keys[:, :, 7:] == 0).all()) and bool((values[:, :, 7:] == 0).all())
-    torch.testing.assert_close(layer.keys, torch.cat([states[[2, 0]], new], dim=2))
+    torch.testing.assert_close(keys[:, :, :4], states[:, :, 2:])
+    torch.testing.assert_close(keys[:, :, 4:5], new)
+    assert bool((keys[:, :, 5:] == 0).all()) and bool((values[:, :, 5:] == 0).all())
+    torch.testing.assert_close(layer.keys, torch.cat([states[:, :, 2:], new], dim=2))
+
+
+@pytest.mark.parametrize("transposed", [False, True], ids=["plain", "transposed"])
+def test_from_columns_stacks_rows_right_aligned_behind_zero_padding(transposed: bool) -> None:
+    """Rows joining a running batch (``running_batch.merge_all``): each part right-aligned in the width, zeros
+    to its left and in the spare columns, one buffer the next step appends into; a part that is another growing
+    layer's view (its buffer's layout) reads the same as a plain tensor."""
+    running = GrowingLayer(keys_transposed=transposed)
+    old = torch.randn(2, 3, 7, 4)
+    running.update(old, old * 2)
+    joining = torch.randn(1, 3, 4, 4)
+    layer = GrowingLayer.from_columns([(running.keys, running.values), (joining, joining * 2)], 7,
+                                      keys_transposed=transposed)
+    assert layer.get_seq_length() == 7 and layer.keys.shape == (3, 3, 7, 4)
+    want = torch.cat([old, torch.cat([torch.zeros(1, 3, 3, 4), joining], dim=2)])
+    torch.testing.assert_close(layer.keys, want)
+    torch.testing.assert_close(layer.values, want * 2)
+    buffer = layer._key_buffer
+    new = torch.randn(3, 3, 1, 4)
+    layer.update(new, new)
+    assert layer._key_buffer is buffer  # spare columns ready: appended in place
+    torch.testing.assert_close(layer.keys, torch.cat([want, new], dim=2))
+    assert bool((layer._value_buffer[:, :, 8:] == 0).all())
 
 
 def test_a_speculative_block_gets_the_whole_buffers_and_a_prefill_a_copy() -> None:

@@ -5,13 +5,14 @@ the whole cache of every layer on every step. Measured on a 2-core AMD EPYC (Smo
 over 500-token prompts), that copy was a third of a decode step: ``aten::cat`` 36 ms of 106 ms, as much as
 all the model's matrix products. :class:`GrowingLayer` keeps its keys and values as views into a buffer with
 spare columns and writes each new column into it; the copy happens only when the spare columns run out
-(every :data:`HEADROOM` steps) or when the batch's rows change (a row leaving or joining rebuilds the
-buffer anyway).
+(every :data:`HEADROOM` steps) or when the batch's rows change: a row leaving selects the buffers' rows
+(:meth:`GrowingLayer.batch_select_indices`), and rows joining are copied once into a fresh buffer
+(:meth:`GrowingLayer.from_columns`), each keeping its spare columns and layout.
 
 Everything else about the layer is transformers' own: ``keys``/``values`` are ordinary tensors of shape
 ``[rows, kv_heads, columns, head_dim]`` (views, contiguous in their last two dimensions), so attention
-reads them as before, and any code that replaces them (``batch_select_indices``, ``crop``, the running
-batch's trim) just makes the next append start a fresh buffer.
+reads them as before, and any code that replaces them (``crop``, a slice) just makes the next append start a
+fresh buffer.
 """
 
 from __future__ import annotations
@@ -73,6 +74,54 @@ class GrowingLayer(DynamicLayer):
         # the decode attention, one token or a speculative step's block: the whole buffers, spare columns masked
         return self._key_buffer.transpose(-1, -2), self._value_buffer
 
+    @classmethod
+    def from_columns(cls, parts: list[tuple[torch.Tensor, torch.Tensor]], width: int, *,
+                     keys_transposed: bool) -> GrowingLayer:
+        """A layer holding the rows of ``parts`` (``(keys, values)``, each ``[rows, heads, columns, head_dim]``)
+        stacked in order, each right-aligned in ``width`` columns behind zero (masked) padding.
+
+        Why: rows that join a running batch were left-padded with ``torch.cat``, stacked with another, and copied
+        into a fresh buffer by the first append (transposing the keys on the way): three copies of the whole
+        cache and a slow strided one, each join. Here each part's columns are written once into buffers that
+        already have the spare columns; a part that is a growing layer's view reads from its buffer's layout.
+        """
+        keys0, values0 = parts[0]
+        rows = sum(keys.shape[0] for keys, _ in parts)
+        heads, dim = keys0.shape[1], keys0.shape[-1]
+        columns = width + HEADROOM
+        layer = cls(keys_transposed=keys_transposed)
+        layer.lazy_initialization(keys0, values0)
+        key_buffer = keys0.new_empty((rows, heads, dim, columns) if keys_transposed else (rows, heads, columns, dim))
+        value_buffer = values0.new_empty((rows, heads, columns, dim))
+        key_columns = key_buffer.transpose(-1, -2) if keys_transposed else key_buffer  # [rows, heads, columns, dim]
+        start = 0
+        for keys, values in parts:
+            end, pad = start + keys.shape[0], width - keys.shape[-2]
+            # zeros, never garbage, in padding and spare columns: they are read (masked), and 0 x NaN is NaN
+            key_columns[start:end, :, :pad] = 0
+            value_buffer[start:end, :, :pad] = 0
+            key_columns[start:end, :, pad:width] = keys
+            value_buffer[start:end, :, pad:width] = values
+            start = end
+        key_columns[:, :, width:] = 0
+        value_buffer[:, :, width:] = 0
+        layer._key_buffer, layer._value_buffer = key_buffer, value_buffer
+        layer.keys, layer.values = layer._views(width)
+        return layer
+
+    def batch_select_indices(self, indices: torch.Tensor) -> None:
+        """Keep only the rows at ``indices``: the buffers' rows are selected (one copy, in their layout, spare
+        columns kept), so the next append writes in place; transformers' version indexes the views, and the next
+        append copied that again into a fresh buffer."""
+        length = self.get_seq_length()
+        if not length or not self._owns_views():
+            super().batch_select_indices(indices)
+            return
+        assert self._key_buffer is not None and self._value_buffer is not None
+        self._key_buffer = self._key_buffer.index_select(0, indices)
+        self._value_buffer = self._value_buffer.index_select(0, indices)
+        self.keys, self.values = self._views(length)
+
     def _views(self, end: int) -> tuple[torch.Tensor, torch.Tensor]:
         """``[rows, heads, end, head_dim]`` views of the buffers' first ``end`` columns."""
         assert self._key_buffer is not None and self._value_buffer is not None
@@ -87,8 +136,13 @@ class GrowingLayer(DynamicLayer):
             return False
         if values.shape[0] != key_states.shape[0] or values.dtype != key_states.dtype:
             return False
-        if self.keys.numel() == 0:
-            return True
+        return self.keys.numel() == 0 or self._owns_views()
+
+    def _owns_views(self) -> bool:
+        """Are ``keys``/``values`` still the views of the buffers' first columns (nothing replaced them)?"""
+        keys, values = self._key_buffer, self._value_buffer
+        if keys is None or values is None:
+            return False
         expected_keys, expected_values = self._views(self.keys.shape[-2])
         return (self.keys.data_ptr() == keys.data_ptr() and self.keys.stride() == expected_keys.stride()
                 and self.values.data_ptr() == values.data_ptr() and self.values.stride() == expected_values.stride())

@@ -66,23 +66,15 @@ class RunningBatch:
         self.mask, self.positions, self.logits = self.mask[index], self.positions[index], self.logits[index]
         self.rows = [self.rows[i] for i in keep]
 
-    def trim(self) -> int:
-        """Drop leading columns that no row attends to (left by rows that have left); return how many.
+    def dead_columns(self) -> int:
+        """Leading columns that no row attends to (left by rows that have left).
 
-        Not done while the rows stay the same, so a batch nobody joins computes exactly what it did before
-        continuous batching (its attention widths unchanged); done before a merge, where the batch's shape
-        changes anyway, so a long stream's width follows its live rows, not every row it has served.
+        A merge leaves them out (:func:`merge_all`), where the batch's shape changes anyway, so a long stream's
+        width follows its live rows, not every row it has served; a batch nobody joins keeps them, so it
+        computes exactly what it did before continuous batching (its attention widths unchanged).
         """
         used = self.mask.any(dim=0)
-        if not bool(used.any()):
-            return 0
-        dead = int(used.to(torch.int8).argmax())
-        if dead:
-            for layer in self.cache.layers:
-                layer.keys = layer.keys[:, :, dead:]
-                layer.values = layer.values[:, :, dead:]
-            self.mask = self.mask[:, dead:]
-        return dead
+        return int(used.to(torch.int8).argmax()) if bool(used.any()) else 0
 
 
 def _left_pad(tensor: torch.Tensor, width: int, dim: int) -> torch.Tensor:
@@ -103,22 +95,27 @@ def merge(running: RunningBatch, joining: RunningBatch, model_config: Any) -> Ru
 def merge_all(batches: Sequence[RunningBatch], model_config: Any) -> RunningBatch:
     """One batch holding every row of ``batches``, in order; each must be ready to sample.
 
-    Narrower batches are left-padded (masked columns) to the widest one's width; each row's real columns,
-    positions and sampler state are unchanged, so each row goes on computing what it computed alone. All at
-    once, so that rows prefilled one by one (batch_invariant_greedy) are copied into the batch once, not once
-    per row that follows them.
+    Leading columns no row of a batch attends to are left out, and narrower batches are left-padded (masked
+    columns) to the widest one's width; each row's real columns, positions and sampler state are unchanged, so
+    each row goes on computing what it computed alone. All at once, so that rows prefilled one by one
+    (batch_invariant_greedy) are copied into the batch once, not once per row that follows them; a growing
+    layer's rows are written once into the merged buffers (:meth:`.GrowingLayer.from_columns`).
     """
-    from agentevolver.backends.cpu.kv_cache import new_cache  # imports transformers
+    from agentevolver.backends.cpu.kv_cache import GrowingLayer, new_cache  # imports transformers
 
     if len(batches) == 1:
         return batches[0]
-    for batch in batches:
-        batch.trim()
-    width = max(batch.width for batch in batches)
+    dead = [batch.dead_columns() for batch in batches]
+    width = max(batch.width - skip for batch, skip in zip(batches, dead, strict=True))
     cache = new_cache(model_config)
     for index, layers in enumerate(zip(*(batch.cache.layers for batch in batches), strict=True)):
-        keys = torch.cat([_left_pad(layer.keys, width, 2) for layer in layers])
-        values = torch.cat([_left_pad(layer.values, width, 2) for layer in layers])
+        parts = [(layer.keys[:, :, skip:], layer.values[:, :, skip:]) for layer, skip in zip(layers, dead, strict=True)]
+        if isinstance(cache.layers[index], GrowingLayer):
+            cache.layers[index] = GrowingLayer.from_columns(parts, width,
+                                                            keys_transposed=cache.layers[index].keys_transposed)
+            continue
+        keys = torch.cat([_left_pad(keys, width, 2) for keys, _ in parts])
+        values = torch.cat([_left_pad(values, width, 2) for _, values in parts])
         cache.update(keys, values, index)
     first = batches[0]
     for batch in batches[1:]:
@@ -126,7 +123,7 @@ def merge_all(batches: Sequence[RunningBatch], model_config: Any) -> RunningBatc
     return RunningBatch(
         rows=[row for batch in batches for row in batch.rows],
         cache=cache,
-        mask=torch.cat([_left_pad(batch.mask, width, 1) for batch in batches]),
+        mask=torch.cat([_left_pad(batch.mask[:, skip:], width, 1) for batch, skip in zip(batches, dead, strict=True)]),
         positions=torch.cat([batch.positions for batch in batches]),
         logits=torch.cat([batch.logits.to(first.logits.dtype) for batch in batches]),
         sampler=first.sampler,
