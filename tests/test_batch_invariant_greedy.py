@@ -206,6 +206,41 @@ async def test_greedy_bits_do_not_depend_on_company(bf16_model: Any, prompts: li
         await crowded.aclose()
 
 
+async def test_joiners_in_free_slots_and_leavers_swapped_keep_the_bits(bf16_model: Any, prompts: list[list[int]],
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Continuous batching in bf16 (the decode attention's transposed keys, whole buffers): narrower greedy
+    prompts join the running cache's free row slots without copying its rows, and a row that ends early has its
+    slot filled by the last row; every row's tokens and log-probs are the bits it gets decoded alone."""
+    from test_continuous_batching import StepGate, submit_during
+
+    reference = HFGenerator(bf16_model, [2], pad_token_id=0, batch_invariant_greedy=True, chunk_cache_mb=0)
+    model = AutoModelForCausalLM.from_pretrained(resolve_model_path("tiny-test"), dtype=torch.bfloat16,
+                                                 attn_implementation="sdpa").eval()
+    gate = StepGate(model, monkeypatch)
+    gen = HFGenerator(model, [2], pad_token_id=0, batch_wait_s=0, batch_invariant_greedy=True,
+                      continuous_batching=True)
+    lengths = {3: 24, 1: 20, 0: 6, 4: 10, 2: 8}  # prompt -> max_tokens: the two longest start, three join
+    params = {i: {**GREEDY, "max_tokens": n, "ignore_eos": True} for i, n in lengths.items()}
+    try:
+        if not gen.rows_independent:
+            pytest.skip("this CPU's kernels change a row's numbers with its company: greedy requests decode alone")
+        alone = {i: await reference.generate(f"a{i}", prompt_ids=prompts[i], sampling_params=params[i])
+                 for i in lengths}
+        first = [asyncio.create_task(gen.generate(f"g{i}", prompt_ids=prompts[i], sampling_params=params[i]))
+                 for i in (3, 1)]
+        calls = gate.calls
+        later = [await submit_during(gate, calls + step, gen, f"g{i}", prompts[i], params[i])
+                 for i, step in ((0, 3), (4, 6), (2, 14))]
+        got = await asyncio.gather(*first, *later)
+    finally:
+        await reference.aclose()
+        await gen.aclose()
+    for index, out in zip((3, 1, 0, 4, 2), got, strict=True):
+        assert (out.token_ids, out.log_probs) == (alone[index].token_ids, alone[index].log_probs), index
+    # greedy prompts are prefilled alone and merged with room for max_batch_size rows, so all three joined in place
+    assert gen.stats["joins_in_place"] == 3 and gen.stats["joins_copied"] == 0, gen.stats
+
+
 async def test_greedy_rows_share_decode_steps_where_the_probe_passes(bf16_model: Any,
                                                                      prompts: list[list[int]]) -> None:
     gen = HFGenerator(bf16_model, [2], pad_token_id=0, batch_wait_s=0.05, batch_invariant_greedy=True)

@@ -133,6 +133,8 @@ async def test_continuous_batching_gives_the_greedy_tokens_of_one_at_a_time_gene
         await gen.aclose()
     assert [g.token_ids for g in got] == want
     assert gen.stats["joined_running"] >= 3  # at least three arrivals found a batch still decoding
+    # the first join made room for max_batch_size rows (a copy); a later, narrower joiner took a free slot
+    assert gen.stats["joins_copied"] >= 1 and gen.stats["joins_in_place"] >= 1, gen.stats
     monkeypatch.undo()
     for prompt, out in zip(prompts, got, strict=True):
         with torch.inference_mode():

@@ -172,3 +172,48 @@ def test_a_speculative_block_gets_the_whole_buffers_and_a_prefill_a_copy() -> No
     with decode_attention.draft_blocks():
         keys, _ = layer.update(too_long, too_long)  # past MAX_QUERIES the block goes to SDPA, so: exact width
     assert keys.shape[2] == 14 + decode_attention.MAX_QUERIES + 1
+
+
+@pytest.mark.parametrize("transposed", [False, True], ids=["plain", "transposed"])
+def test_rows_join_free_slots_without_copying_the_running_rows(transposed: bool) -> None:
+    """``join`` writes only the joiners, right-aligned, into the buffer's free slots (no new buffer, the running
+    rows untouched); ``has_room`` refuses a joiner wider than the batch or more rows than the free slots."""
+    running = torch.randn(2, 3, 5, 4)
+    layer = GrowingLayer.from_columns([(running, running + 1)], 5, keys_transposed=transposed, row_capacity=4)
+    buffer = layer._key_buffer
+    assert layer.has_room(2, 5) and not layer.has_room(3, 5) and not layer.has_room(1, 6)
+    joiner = torch.randn(1, 3, 3, 4)
+    layer.join([(joiner, joiner + 1)])
+    assert layer._key_buffer is buffer and layer.keys.shape == (3, 3, 5, 4)
+    want = torch.cat([running, torch.cat([torch.zeros(1, 3, 2, 4), joiner], dim=2)])
+    torch.testing.assert_close(layer.keys, want)
+    torch.testing.assert_close(layer.values[:2], running + 1)
+    with pytest.raises(ValueError, match="no room"):
+        layer.join([(torch.randn(1, 3, 6, 4),) * 2])
+    new = torch.randn(3, 3, 1, 4)
+    layer.update(new, new)
+    assert layer._key_buffer is buffer
+    torch.testing.assert_close(layer.keys, torch.cat([want, new], dim=2))
+
+
+@pytest.mark.parametrize("transposed", [False, True], ids=["plain", "transposed"])
+def test_a_leavers_slot_takes_the_last_row_in_place(transposed: bool) -> None:
+    """Rows 0 and 2 of 4 leave: ``fill_from_end`` keeps row 1 and moves row 3 into slot 0; the buffer moves
+    that one row in place, and a row joining the freed slots reads zeros past its columns."""
+    from agentevolver.backends.cpu.running_batch import fill_from_end
+
+    order = fill_from_end([1, 3], 4)
+    assert order == [3, 1]
+    states = torch.randn(4, 2, 6, 4)
+    layer = GrowingLayer.from_columns([(states, states * 3)], 6, keys_transposed=transposed, row_capacity=4)
+    buffer = layer._key_buffer
+    layer.batch_select_indices(torch.tensor(order))
+    assert layer._key_buffer is buffer
+    torch.testing.assert_close(layer.keys, states[order])
+    torch.testing.assert_close(layer.values, states[order] * 3)
+    layer.join([(states[:1, :, :4], states[:1, :, :4])])
+    assert bool((layer.keys[2, :, :2] == 0).all())
+    with pytest.raises(ValueError, match="distinct rows"):
+        fill_from_end([1, 1], 4)
+    assert fill_from_end([0, 1, 2], 4) == [0, 1, 2]  # the last row left: nothing moves
+    assert fill_from_end([3, 2], 4) == [2, 3]  # slots 0 and 1 freed: the kept rows move there in row order

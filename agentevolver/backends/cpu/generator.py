@@ -259,6 +259,8 @@ class HFGenerator:
             "batches": 0,  # prefill passes (a batch starting, or requests joining a running one)
             "rows": 0,  # requests decoded (rows / batches = mean prefill size)
             "joined_running": 0,  # requests that joined a batch already decoding (continuous batching)
+            "joins_in_place": 0,  # joins written into the running cache's free row slots (its rows not copied)
+            "joins_copied": 0,  # joins that rebuilt the cache (a joiner wider than the batch, or no free slot)
             "max_rows": 0,  # most rows decoding together so far
             "prompt_tokens": 0,
             "prefix_cached_tokens": 0,  # prompt tokens served from the shared-prefix cache (not prefilled)
@@ -620,9 +622,12 @@ class HFGenerator:
                 started = time.perf_counter()
                 if joining:
                     fresh = self._prefill_groups(joining, loop, joined=running is not None)
-                    if fresh:  # one merge for the running rows and every prefilled group: one copy each
-                        running = merge_all([*([running] if running is not None else []), *fresh],
-                                            self.model.config)
+                    if fresh:  # one merge for the running rows and every prefilled group
+                        merged = merge_all([*([running] if running is not None else []), *fresh],
+                                           self.model.config, row_capacity=self.max_batch_size)
+                        if running is not None:  # the joiners written into the running cache's free slots?
+                            self.stats["joins_in_place" if merged.cache is running.cache else "joins_copied"] += 1
+                        running = merged
                         self.stats["max_rows"] = max(self.stats["max_rows"], len(running))
                 if running is None:
                     self.stats["model_seconds"] += time.perf_counter() - started
@@ -862,8 +867,8 @@ class HFGenerator:
                 self._keep_turn(batch, slot)
         answers = [self._finished(batch.rows[slot]) for slot in ended]
         if len(keep) < len(batch):
-            batch.select(keep)
-            tokens = tokens[torch.tensor(keep, dtype=torch.long, device=self.device)]
+            order = batch.drop(keep)
+            tokens = tokens[torch.tensor(order, dtype=torch.long, device=self.device)]
         if keep:
             drafts = self._drafts(batch)
             if drafts is not None:
@@ -952,7 +957,7 @@ class HFGenerator:
                 self._keep_turn(batch, slot)
         answers = [self._finished(batch.rows[slot]) for slot in ended]
         if ended:
-            batch.select(keep)
+            batch.drop(keep)
         return answers
 
     def _finished(self, row: Row) -> tuple[_Request, TokenOutput]:

@@ -21,7 +21,7 @@ import torch
 
 from agentevolver.backends.cpu.sampling import RowSampler
 
-__all__ = ["Row", "RunningBatch", "merge", "merge_all"]
+__all__ = ["Row", "RunningBatch", "fill_from_end", "merge", "merge_all"]
 
 
 @dataclass(slots=True)
@@ -66,6 +66,14 @@ class RunningBatch:
         self.mask, self.positions, self.logits = self.mask[index], self.positions[index], self.logits[index]
         self.rows = [self.rows[i] for i in keep]
 
+    def drop(self, keep: list[int]) -> list[int]:
+        """Keep only the rows at ``keep``, moving as few as possible: a leaving row's slot takes a kept row from
+        the end, so the cache copies one row per leaver (:meth:`.GrowingLayer.batch_select_indices`), not every
+        row behind it. Returns the kept rows' former indices in their new order, to index other per-row data."""
+        order = fill_from_end(keep, len(self))
+        self.select(order)
+        return order
+
     def dead_columns(self) -> int:
         """Leading columns that no row attends to (left by rows that have left).
 
@@ -87,36 +95,65 @@ def _left_pad(tensor: torch.Tensor, width: int, dim: int) -> torch.Tensor:
     return torch.cat([tensor.new_zeros(shape), tensor], dim=dim)
 
 
+def fill_from_end(keep: Sequence[int], rows: int) -> list[int]:
+    """The order :meth:`RunningBatch.drop` keeps ``keep`` in (of ``rows`` rows): kept rows among the first
+    ``len(keep)`` stay in their slots, and the others fill the leavers' slots there."""
+    kept = set(keep)
+    if len(kept) != len(keep) or not all(0 <= row < rows for row in kept):
+        raise ValueError(f"keep must name distinct rows of 0..{rows - 1}; got {list(keep)}")
+    count = len(keep)
+    movers = iter(sorted(row for row in kept if row >= count))
+    return [slot if slot in kept else next(movers) for slot in range(count)]
+
+
 def merge(running: RunningBatch, joining: RunningBatch, model_config: Any) -> RunningBatch:
     """One batch holding ``running``'s rows, then ``joining``'s; both must be ready to sample (:func:`merge_all`)."""
     return merge_all([running, joining], model_config)
 
 
-def merge_all(batches: Sequence[RunningBatch], model_config: Any) -> RunningBatch:
+def merge_all(batches: Sequence[RunningBatch], model_config: Any, *, row_capacity: int = 0) -> RunningBatch:
     """One batch holding every row of ``batches``, in order; each must be ready to sample.
 
-    Leading columns no row of a batch attends to are left out, and narrower batches are left-padded (masked
-    columns) to the widest one's width; each row's real columns, positions and sampler state are unchanged, so
-    each row goes on computing what it computed alone. All at once, so that rows prefilled one by one
-    (batch_invariant_greedy) are copied into the batch once, not once per row that follows them; a growing
-    layer's rows are written once into the merged buffers (:meth:`.GrowingLayer.from_columns`).
+    Where the first batch's cache has free row slots for the others, is at least as wide as each of them and
+    has few leading columns that no row attends to (at most :data:`.kv_cache.HEADROOM`), the others' rows are
+    written into those slots, right-aligned (:meth:`.GrowingLayer.join`), and its rows are not copied: a
+    running batch that requests join. Otherwise a fresh cache with slots for ``row_capacity`` rows: leading
+    columns no row of a batch attends to are left out, and narrower batches are left-padded (masked columns)
+    to the widest one's width, each row's columns written once (:meth:`.GrowingLayer.from_columns`). Either
+    way each row's real columns, positions and sampler state are unchanged, so each row goes on computing what
+    it computed alone. All at once, so that rows prefilled one by one (batch_invariant_greedy) are copied into
+    the batch once, not once per row that follows them.
     """
-    from agentevolver.backends.cpu.kv_cache import GrowingLayer, new_cache  # imports transformers
+    from agentevolver.backends.cpu.kv_cache import HEADROOM, GrowingLayer, new_cache  # imports transformers
 
     if len(batches) == 1:
         return batches[0]
+    first, others = batches[0], batches[1:]
+    rows = sum(len(batch) for batch in others)
+    if first.dead_columns() <= HEADROOM and all(
+            isinstance(layer, GrowingLayer) and layer.has_room(rows, max(batch.width for batch in others))
+            for layer in first.cache.layers):
+        for index, layer in enumerate(first.cache.layers):
+            layer.join([(batch.cache.layers[index].keys, batch.cache.layers[index].values) for batch in others])
+        return _stacked(batches, first.cache, first.width, [0] * len(batches))
     dead = [batch.dead_columns() for batch in batches]
     width = max(batch.width - skip for batch, skip in zip(batches, dead, strict=True))
     cache = new_cache(model_config)
     for index, layers in enumerate(zip(*(batch.cache.layers for batch in batches), strict=True)):
         parts = [(layer.keys[:, :, skip:], layer.values[:, :, skip:]) for layer, skip in zip(layers, dead, strict=True)]
         if isinstance(cache.layers[index], GrowingLayer):
-            cache.layers[index] = GrowingLayer.from_columns(parts, width,
+            cache.layers[index] = GrowingLayer.from_columns(parts, width, row_capacity=row_capacity,
                                                             keys_transposed=cache.layers[index].keys_transposed)
             continue
         keys = torch.cat([_left_pad(keys, width, 2) for keys, _ in parts])
         values = torch.cat([_left_pad(values, width, 2) for _, values in parts])
         cache.update(keys, values, index)
+    return _stacked(batches, cache, width, dead)
+
+
+def _stacked(batches: Sequence[RunningBatch], cache: Any, width: int, dead: Sequence[int]) -> RunningBatch:
+    """The batch of ``batches``' rows over ``cache``: each mask without its ``dead`` leading columns, left-padded
+    to ``width``; the first batch's sampler takes the others' rows."""
     first = batches[0]
     for batch in batches[1:]:
         first.sampler.extend(batch.sampler)
