@@ -149,3 +149,39 @@ def test_a_draft_is_accepted_with_its_probability_and_a_rejected_one_is_never_dr
     assert drawn.count(0) / draws == pytest.approx(0.1 / 0.7, abs=0.03)
     greedy = _sampler(SamplingSettings(max_tokens=8, temperature=0.0), 3, seed=0)
     assert greedy.verify(logits, [[2]])[0][0] == 1 and greedy.verify(logits, [[1]])[0][0] == 0
+
+
+async def test_a_short_prefill_after_a_cached_prefix_takes_the_decode_attention(
+        prompts: list[list[int]], monkeypatch: pytest.MonkeyPatch) -> None:
+    """bf16: rows that share a cached prefix feed their remaining tokens (left-padded, up to two passes of
+    ``MAX_QUERIES``) through the decode attention instead of SDPA's copy of the whole cache; their tokens'
+    log-probs are the teacher-forced pass's, within bf16's rounding, and a first prompt (nothing cached yet,
+    the prefix itself being computed) still goes through SDPA."""
+    from agentevolver.backends.cpu import decode_attention
+
+    bf16 = AutoModelForCausalLM.from_pretrained(resolve_model_path("tiny-test"), dtype=torch.bfloat16,
+                                                attn_implementation="sdpa").eval()
+    tokenizer = AutoTokenizer.from_pretrained(resolve_model_path("tiny-test"))
+    opening = tokenizer.encode("You are a careful assistant. " * 40, add_special_tokens=False)[:192]
+    # up to 25 new tokens after the 192 shared ones, each opening with its own token (the prefix ends there)
+    tails = [[300 + index] + prompt[: 3 + 3 * index] * 2 for index, prompt in enumerate(prompts[:4])]
+    rows = [opening + tail for tail in tails]
+    blocks: list[int] = []
+    few_queries = decode_attention._few_queries
+
+    def counted(query: torch.Tensor, *args: Any) -> torch.Tensor:
+        blocks.append(query.shape[2])
+        return few_queries(query, *args)
+
+    monkeypatch.setattr(decode_attention, "_few_queries", counted)
+    generator = HFGenerator(bf16, [EOS], pad_token_id=PAD, seed=0, batch_wait_s=0.05)
+    params = [{"temperature": 0.05, "logprobs": True, "max_tokens": 4, "seed": i, "ignore_eos": True}
+              for i in range(len(rows))]
+    outs = await _run(generator, rows, params)
+    assert generator.stats["prefix_cached_tokens"] == 192 * len(rows)
+    width = max(len(tail) for tail in tails)
+    passes = -(-width // decode_attention.MAX_QUERIES)
+    assert passes == 2 and blocks and blocks[0] == -(-width // passes)  # the first of two equal passes
+    for prompt, out in zip(rows, outs, strict=True):
+        expected = teacher_forced_logprobs(bf16, prompt, out.token_ids, 0.05)
+        assert out.log_probs == pytest.approx(expected, abs=0.3)

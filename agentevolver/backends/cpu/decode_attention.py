@@ -46,23 +46,23 @@ _blocks = threading.local()
 
 
 @contextlib.contextmanager
-def draft_blocks() -> Iterator[None]:
-    """Within it, this thread's forward passes of 2 to :data:`MAX_QUERIES` query tokens per row take the decode
+def draft_blocks(max_queries: int = MAX_QUERIES) -> Iterator[None]:
+    """Within it, this thread's forward passes of 2 to ``max_queries`` query tokens per row take the decode
     path (:func:`_few_queries`) instead of SDPA: the generator's speculative steps, where SDPA's CPU kernel
     would cost several plain decode steps."""
-    previous = getattr(_blocks, "on", False)
-    _blocks.on = True
+    previous = getattr(_blocks, "limit", 1)
+    _blocks.limit = max_queries
     try:
         yield
     finally:
-        _blocks.on = previous
+        _blocks.limit = previous
 
 
 def takes_block(q_len: int) -> bool:
     """Whether a forward pass of ``q_len`` query tokens per row, on this thread now, takes the decode path: one
     token always, 2 to :data:`MAX_QUERIES` inside :func:`draft_blocks`. The growing cache (:mod:`.kv_cache`)
     then hands it its whole buffers, as it does a one-token step, instead of contiguous copies for SDPA."""
-    return q_len == 1 or (q_len <= MAX_QUERIES and getattr(_blocks, "on", False))
+    return q_len == 1 or q_len <= getattr(_blocks, "limit", 1)
 
 
 def decode_attention_forward(
@@ -219,9 +219,13 @@ def _register() -> None:
 
 
 def install(model: Any) -> bool:
-    """Switch a loaded transformers model from ``sdpa`` to this function; False (unchanged) for any other
-    implementation, which the model's config chose on purpose."""
-    if getattr(model.config, "_attn_implementation", None) != "sdpa":
+    """Switch a loaded transformers model from ``sdpa`` to this function; whether the model now runs it (True
+    too when an earlier generator switched it already; False, unchanged, for any other implementation, which
+    the model's config chose on purpose)."""
+    implementation = getattr(model.config, "_attn_implementation", None)
+    if implementation == NAME:
+        return True
+    if implementation != "sdpa":
         return False
     _register()
     model.set_attn_implementation(NAME)

@@ -747,12 +747,34 @@ class HFGenerator:
             [r.settings for r in batch], [r.prompt_ids for r in batch], vocab_size=self.vocab_size,
             shared_rng=self._rng, device=self.device, constraints=[r.constraint for r in batch],
         )
-        logits = self.model(
-            input_ids=input_ids, attention_mask=mask, position_ids=positions, past_key_values=cache,
-            use_cache=True, logits_to_keep=1,
-        ).logits[:, -1, :]
+        logits = self._forward_prompt(input_ids, mask, positions, cache, cached=prefix_len > 0)
         rows = [Row(request, self._new_output(request.settings), prefix_len) for request in batch]
         return RunningBatch(rows, cache, mask, positions[:, -1:], logits, sampler)
+
+    def _forward_prompt(self, input_ids: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor, cache: Any, *,
+                        cached: bool) -> torch.Tensor:
+        """Feed a prefill's new tokens (``input_ids``, after the cache's columns); the last position's logits.
+
+        Where every row has cached columns it can attend to (``cached``: a shared prefix, so no query is masked
+        from everything) and the block is short, it goes through the decode attention in passes of at most
+        :data:`.decode_attention.MAX_QUERIES` tokens (two at most). Why: SDPA's prefill first copies the whole
+        cache, transposed and repeated for every query head, whatever the block's length; for an episode's next
+        turn (~26 new tokens after ~1k cached, 16 rows, bf16) that cost more than the tokens themselves
+        (docs/benchmarks.md). Longer blocks, and fp32 (SDPA throughout), take one SDPA pass as before."""
+        width = input_ids.shape[1]
+        passes = -(-width // decode_attention.MAX_QUERIES)
+        if not (self.decode_attention and cached and passes <= 2):
+            return self.model(input_ids=input_ids, attention_mask=mask, position_ids=positions,
+                              past_key_values=cache, use_cache=True, logits_to_keep=1).logits[:, -1, :]
+        start = mask.shape[1] - width  # the block's first column
+        step = -(-width // passes)
+        with decode_attention.draft_blocks():
+            for first in range(0, width, step):
+                last = min(first + step, width)
+                logits = self.model(input_ids=input_ids[:, first:last], attention_mask=mask[:, :start + last],
+                                    position_ids=positions[:, first:last], past_key_values=cache, use_cache=True,
+                                    logits_to_keep=1).logits
+        return logits[:, -1, :]
 
     def _prefill_chunked(self, requests: list[_Request]) -> list[RunningBatch]:
         """Prefill each prompt as if alone, in chunks at fixed positions (:mod:`.chunk_cache`); one batch per row.

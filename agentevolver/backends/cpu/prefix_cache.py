@@ -90,11 +90,20 @@ class PrefixCache:
 
     @staticmethod
     def _expand(stored: Any, rows: int, model: Any) -> Any:
-        """A fresh cache holding ``stored``'s keys/values repeated ``rows`` times (``stored`` stays intact)."""
-        from agentevolver.backends.cpu.kv_cache import new_cache
+        """A fresh cache holding ``stored``'s keys/values repeated ``rows`` times (``stored`` stays intact).
+
+        A growing layer's rows are written once, straight into buffers with spare columns for the prompts'
+        remaining tokens (:meth:`.GrowingLayer.from_columns`), not copied contiguous and then copied again by
+        its first append."""
+        from agentevolver.backends.cpu.kv_cache import GrowingLayer, new_cache
 
         cache = new_cache(model.config)
         for index, layer in enumerate(stored.layers):
-            cache.update(layer.keys.expand(rows, -1, -1, -1).contiguous(),
-                         layer.values.expand(rows, -1, -1, -1).contiguous(), index)
+            keys, values = layer.keys.expand(rows, -1, -1, -1), layer.values.expand(rows, -1, -1, -1)
+            target = cache.layers[index]
+            if isinstance(target, GrowingLayer):
+                cache.layers[index] = GrowingLayer.from_columns([(keys, values)], keys.shape[-2],
+                                                                keys_transposed=target.keys_transposed)
+            else:
+                cache.update(keys.contiguous(), values.contiguous(), index)
         return cache
