@@ -1008,6 +1008,8 @@ def _append(output: _Output, request: _Request, token: int, logprob: float | Non
 def _append_taken(cache: Any, taken: Sequence[TurnEntry | None], reused: Sequence[int], width: int) -> None:
     """Append a ``width``-column section to every layer of ``cache``: in each row the first ``reused`` of
     its taken entry's keys/values, right-aligned; zeros (masked) elsewhere."""
+    from agentevolver.backends.cpu.kv_cache import GrowingLayer  # imports transformers
+
     sample = next(entry for entry in taken if entry is not None)
     for index, (keys0, _) in enumerate(sample.layers):
         heads, _, dim = keys0.shape
@@ -1018,7 +1020,11 @@ def _append_taken(cache: Any, taken: Sequence[TurnEntry | None], reused: Sequenc
                 entry_keys, entry_values = entry.layers[index]
                 keys[row, :, width - count:] = entry_keys[:, :count]
                 values[row, :, width - count:] = entry_values[:, :count]
-        cache.update(keys, values, index)
+        layer = cache.layers[index]
+        if isinstance(layer, GrowingLayer):
+            layer.append(keys, values)  # stored only: no contiguous copies for a prefill to throw away
+        else:
+            cache.update(keys, values, index)
 
 
 def _eos_token_ids(*sources: Any) -> list[int]:

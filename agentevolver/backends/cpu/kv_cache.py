@@ -55,6 +55,20 @@ class GrowingLayer(DynamicLayer):
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any,
                **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        self.append(key_states, value_states)
+        key_buffer, value_buffer = self._buffers()
+        if not (self.keys_transposed and decode_attention.takes_block(key_states.shape[-2])):
+            # a prefill (SDPA), or SDPA's fp32 decode step: plain tensors of the exact width, contiguous for a prefill
+            if key_states.shape[-2] > 1:
+                return self.keys.contiguous(), self.values.contiguous()
+            return self.keys, self.values
+        # the decode attention, one token or a speculative step's block: the whole buffers, spare columns masked
+        return key_buffer.transpose(-1, -2), value_buffer
+
+    def append(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+        """Write columns after the cached ones (in place while the spare columns last), returning nothing: for
+        callers that only store (a turn cache's taken section), where ``update``'s contiguous copies for a
+        multi-token prefill would be thrown away."""
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
         length = self.get_seq_length()
@@ -68,13 +82,6 @@ class GrowingLayer(DynamicLayer):
             key_buffer[:, :, length:end] = key_states
         value_buffer[:, :, length:end] = value_states
         self.keys, self.values = self._views(end)
-        if not (self.keys_transposed and decode_attention.takes_block(key_states.shape[-2])):
-            # a prefill (SDPA), or SDPA's fp32 decode step: plain tensors of the exact width, contiguous for a prefill
-            if key_states.shape[-2] > 1:
-                return self.keys.contiguous(), self.values.contiguous()
-            return self.keys, self.values
-        # the decode attention, one token or a speculative step's block: the whole buffers, spare columns masked
-        return key_buffer.transpose(-1, -2), value_buffer
 
     @classmethod
     def from_columns(cls, parts: list[tuple[torch.Tensor, torch.Tensor]], width: int, *,
