@@ -141,15 +141,15 @@ class HFGenerator:
         turn_cache_mb: MiB of finished rows' keys/values kept so that a conversation's next turn prefills only
             its new tokens (:mod:`.turn_cache`); 0 turns it off.
         continuous_batching: requests that arrive while a batch decodes join it at the next decode step, and
-            each row is answered as soon as it ends. Off by default: on a 2-core CPU it measured 1.03-1.42x on
-            the quickstart's training episodes but 0.81x on 102 greedy validation episodes, where joiners
-            arrive one or two at a time and each small prefill and merge costs nearly a full decode step
-            (docs/benchmarks.md, issue 44). Off, a batch stays closed until its last row ends (the composition
-            of every batch then depends only on arrival within ``batch_wait_s``).
+            each row is answered as soon as it ends. Off by default; on in the quickstart preset, where with
+            drafts the sampled training episodes made 1.2x the tokens/s of closed batches and greedy validation
+            was 0.85x (a join is its own prefill pass; docs/benchmarks.md, issue 44). Off, a batch stays closed
+            until its last row ends (the composition of every batch then depends only on arrival within
+            ``batch_wait_s``).
         join_free_rows: with continuous batching, queued requests join a running batch only once at least this
-            many of its ``max_batch_size`` rows are free (1: at every step with a free row). Each join costs a
-            prefill and a copy of the running rows' keys/values whatever the joiners' number, so admitting them
-            a few at a time spends that on more rows.
+            many of its ``max_batch_size`` rows are free (1: at every step with a free row). Each join is a
+            prefill pass over all the weights whatever the joiners' number, so admitting them a few at a time
+            spends it on more rows (4 measured 1.08x over 1 on greedy validation, one round; docs/benchmarks.md).
         batch_invariant_greedy: a greedy request's (temperature 0: verl's validation) tokens depend only on the
             weights and its prompt, never on which requests happened to arrive with it. Batched as usual, a
             bf16 row's numbers move with the batch's shape (padding, shared prefix, turn cache; enough to flip
