@@ -299,10 +299,12 @@ def _validate_only(service: str, run_dir: Path, *batching: str) -> list[dict[str
 
 @training_timeout
 def test_two_validations_of_one_checkpoint_agree_task_by_task(calc_service: str, tmp_path: Path) -> None:
+    # closed batches of up to 16 against continuous batching in batches of 3 (``++``: the preset may set either)
     first = _validate_only(calc_service, tmp_path / "a", "+actor_rollout_ref.rollout.engine_kwargs.hf.max_batch_size=16",
-                           "+actor_rollout_ref.rollout.engine_kwargs.hf.batch_wait_s=0.05")
+                           "+actor_rollout_ref.rollout.engine_kwargs.hf.batch_wait_s=0.05",
+                           "++actor_rollout_ref.rollout.engine_kwargs.hf.continuous_batching=false")
     second = _validate_only(calc_service, tmp_path / "b", "+actor_rollout_ref.rollout.engine_kwargs.hf.max_batch_size=3",
-                            "+actor_rollout_ref.rollout.engine_kwargs.hf.continuous_batching=true")
+                            "++actor_rollout_ref.rollout.engine_kwargs.hf.continuous_batching=true")
     # every task: the same prompt, the same response text, the same score, however the requests were batched.
     # (tiny-test's greedy responses are alike whatever the task; the bit-level evidence is the generator test
     # above, whose requests without batch_invariant_greedy give other log-probs in bf16.)
