@@ -130,13 +130,13 @@ def merge_all(batches: Sequence[RunningBatch], model_config: Any, *, row_capacit
         return batches[0]
     first, others = batches[0], batches[1:]
     rows = sum(len(batch) for batch in others)
-    if first.dead_columns() <= HEADROOM and all(
+    dead = [batch.dead_columns() for batch in batches]
+    if dead[0] <= HEADROOM and all(
             isinstance(layer, GrowingLayer) and layer.has_room(rows, max(batch.width for batch in others))
             for layer in first.cache.layers):
         for index, layer in enumerate(first.cache.layers):
             layer.join([(batch.cache.layers[index].keys, batch.cache.layers[index].values) for batch in others])
         return _stacked(batches, first.cache, first.width, [0] * len(batches))
-    dead = [batch.dead_columns() for batch in batches]
     width = max(batch.width - skip for batch, skip in zip(batches, dead, strict=True))
     cache = new_cache(model_config)
     for index, layers in enumerate(zip(*(batch.cache.layers for batch in batches), strict=True)):
