@@ -1,10 +1,13 @@
-"""Shared pytest setup: offline mode for every test, and `gpu` tests skipped where there is no GPU."""
+"""Shared pytest setup: offline mode for every test, `gpu` tests skipped where there is no GPU, and the slowest
+test files handed out first (tests/file_order.py)."""
 
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import pytest
+from file_order import SECONDS_FILE, FileSeconds, load_seconds, slowest_files_first
 
 # Model hubs are unreachable here; prove that nothing tries them.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -34,9 +37,32 @@ def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
     return max(1, min(cores, by_memory))
 
 
+class _RecordFileSeconds:
+    """``AGENTEVOLVER_TEST_SECONDS_OUT=<json>``: write each test file's seconds at the end of the run
+    (tests/file_order.py reads them to order the next runs)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path, self.seconds = path, FileSeconds()
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        self.seconds.add(report.nodeid, report.duration)
+
+    def pytest_sessionfinish(self) -> None:
+        self.seconds.write(self.path)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    out = os.environ.get("AGENTEVOLVER_TEST_SECONDS_OUT")
+    if out and not hasattr(config, "workerinput"):  # the controller (or a run without xdist) sees every report
+        config.pluginmanager.register(_RecordFileSeconds(Path(out)), "agentevolver_file_seconds")
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Skip tests marked `alone` beside other xdist workers, and tests marked `gpu` unless CUDA is available
-    (torch is only imported when such tests exist)."""
+    """Order the files slowest first (xdist's ``--no-loadscope-reorder`` keeps this order), skip tests marked
+    `alone` beside other xdist workers, and tests marked `gpu` unless CUDA is available (torch is only imported
+    when such tests exist)."""
+    by_id = {item.nodeid: item for item in items}
+    items[:] = [by_id[nodeid] for nodeid in slowest_files_first(by_id, load_seconds(SECONDS_FILE))]
     if int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")) > 1:  # set by xdist in each worker
         alone = pytest.mark.skip(reason="needs the machine to itself (memory): scripts/test.sh runs it after the suite; "
                                         "alone: `pytest -n 0 -m alone`")
