@@ -70,6 +70,39 @@ def test_a_draft_block_matches_sdpa_inside_draft_blocks_only(dtype: torch.dtype,
     assert torch.equal(outside, theirs)  # a short prefill keeps SDPA's numbers
 
 
+def _three_passes(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, keep: torch.Tensor, groups: int,
+                  scale: float) -> torch.Tensor:
+    """The decode attention as it was first written: float32 scores, then scale, mask and softmax passes."""
+    batch, heads, q_len, dim = query.shape
+    kv_heads, length = key.shape[1], key.shape[2]
+    scores = torch.matmul(query.reshape(batch, kv_heads, groups * q_len, dim), key.transpose(-1, -2)).float()
+    scores = (scores * scale).view(batch, kv_heads, groups, q_len, length)
+    scores = scores.masked_fill(~keep[:, :, None], float("-inf"))
+    probs = torch.softmax(scores, dim=-1).to(value.dtype).view(batch, kv_heads, groups * q_len, length)
+    return torch.matmul(probs, value).view(batch, heads, q_len, dim).transpose(1, 2)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("dim", [64, 48])  # scale 1/8, a power of two (queries pre-scaled), and 1/sqrt(48)
+@pytest.mark.parametrize("q_len", [1, 7])
+def test_the_one_pass_scores_keep_the_bits_of_scaling_and_masking_after(dtype: torch.dtype, dim: int,
+                                                                         q_len: int) -> None:
+    """Scores are converted, scaled and masked in one add (decode_attention._masked_scores): bit for bit what
+    the separate float32 passes gave, so greedy tokens do not move."""
+    torch.manual_seed(1)
+    batch, heads, kv_heads, length = 5, 9, 3, 300
+    query = torch.randn(batch, heads, q_len, dim).to(dtype) * 3
+    key = torch.randn(batch, kv_heads, length, dim).to(dtype) * 3
+    value = torch.randn(batch, kv_heads, length, dim).to(dtype)
+    keep = torch.rand(batch, 1, q_len, length) > 0.3
+    keep[..., -1] = True
+    scale = dim ** -0.5
+    with decode_attention.draft_blocks():
+        ours, _ = decode_attention.decode_attention_forward(_module(heads, kv_heads), query, key, value, keep,
+                                                            scaling=scale)
+    assert torch.equal(ours, _three_passes(query, key, value, keep, heads // kv_heads, scale))
+
+
 def test_prefill_and_training_go_to_sdpa_unchanged(monkeypatch: pytest.MonkeyPatch) -> None:
     calls: list[tuple[int, bool]] = []
 

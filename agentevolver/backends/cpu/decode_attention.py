@@ -91,13 +91,7 @@ def decode_attention_forward(
     if q_len > 1:
         return _few_queries(query, key, value, attention_mask, groups, scale), None
     # query head h attends with key/value head h // groups (transformers' repeat_kv order)
-    scores = torch.matmul(query.reshape(batch, kv_heads, groups, dim), key.transpose(-1, -2)).float() * scale
-    if attention_mask is not None:  # SDPA's mask: bool (True = attend) or additive, (B, 1, 1, L)
-        mask = _mask_over(attention_mask, 1, key.shape[2])
-        if mask.dtype == torch.bool:
-            scores = scores.masked_fill(~mask, float("-inf"))
-        else:
-            scores = scores + mask.float()
+    scores = _masked_scores(query.reshape(batch, kv_heads, groups, dim), key, attention_mask, 1, scale)
     probs = torch.softmax(scores, dim=-1).to(value.dtype)
     if getattr(module, EXACT_ROWS, False) and attention_mask is not None:
         out = _rows_exactly(probs, value, attention_mask)
@@ -122,6 +116,48 @@ def _mask_over(attention_mask: torch.Tensor, q_len: int, length: int) -> torch.T
     return mask
 
 
+#: (mask, q_len, length, float32 bias) of the last bool mask seen: every layer of a forward pass gets the same mask
+#: tensor, so its padded additive form is built once per pass, not once per layer
+_biases: tuple[torch.Tensor, int, int, torch.Tensor] | None = None
+
+
+def _mask_bias(attention_mask: torch.Tensor, q_len: int, length: int) -> torch.Tensor:
+    """A bool mask's ``_mask_over`` as a float32 bias, ``(B, 1, q, L)``: 0 where a query attends, -inf elsewhere."""
+    global _biases
+    seen = _biases
+    if seen is not None and seen[0] is attention_mask and seen[1] == q_len and seen[2] == length:
+        return seen[3]
+    mask = _mask_over(attention_mask, q_len, length)
+    bias = torch.zeros(mask.shape, dtype=torch.float32, device=mask.device).masked_fill_(~mask, float("-inf"))
+    _biases = (attention_mask, q_len, length, bias)
+    return bias
+
+
+def _masked_scores(queries: torch.Tensor, key: torch.Tensor, attention_mask: torch.Tensor | None, q_len: int,
+                   scale: float, *, groups: int | None = None) -> torch.Tensor:
+    """Float32 attention scores ``(queries @ key^T) * scale``, masked: ``(B, kv_heads, rows, L)``, or
+    ``(B, kv_heads, groups, q_len, L)`` when ``groups`` is given (the query rows stacked head-major).
+
+    Why not convert, scale and mask in three passes: each reads and writes 4 bytes a score, and a speculative
+    block of q_len tokens has q_len times a decode step's scores. Here a bool mask becomes a float32 bias once
+    per forward pass, and one mixed-dtype add converts, scales and masks: ``bias + scale * scores``. A
+    power-of-two scale (1/8 for SmolLM2's head size 64) is applied to the few queries instead, where it moves
+    only exponents. Either way the bits are those of scaling and masking the float32 scores.
+    """
+    exact = math.frexp(scale)[0] == 0.5
+    scores = torch.matmul(queries * scale if exact else queries, key.transpose(-1, -2))
+    if groups is not None:
+        scores = scores.view(*scores.shape[:2], groups, q_len, scores.shape[-1])
+    if attention_mask is None:
+        return scores.float() if exact else scores.float().mul_(scale)
+    if attention_mask.dtype == torch.bool:  # SDPA's mask: bool (True = attend) or additive, (B, 1, q, L)
+        bias = _mask_bias(attention_mask, q_len, key.shape[2])
+        return torch.add(bias[:, :, None] if groups is not None else bias, scores, alpha=1.0 if exact else scale)
+    mask = _mask_over(attention_mask, q_len, key.shape[2]).float()
+    scores = scores.float() if exact else scores.float().mul_(scale)
+    return scores.add_(mask[:, :, None] if groups is not None else mask)
+
+
 def _few_queries(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attention_mask: torch.Tensor,
                  groups: int, scale: float) -> torch.Tensor:
     """A decode step that feeds a row several tokens (speculative decoding's drafts, the generator's
@@ -131,12 +167,9 @@ def _few_queries(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, at
     batch, heads, q_len, dim = query.shape
     kv_heads, length = key.shape[1], key.shape[2]
     stacked = query.reshape(batch, kv_heads, groups * q_len, dim)  # head h = kv * groups + g, then position
-    # the one-token step's arithmetic (float32 scores, scaled, masked, softmax), each pass over the scores in place:
-    # with q_len rows per head they are q_len times a decode step's, and every extra pass reads all of them again
-    scores = torch.matmul(stacked, key.transpose(-1, -2)).float().mul_(scale)
-    scores = scores.view(batch, kv_heads, groups, q_len, length)
-    mask = _mask_over(attention_mask, q_len, length)[:, :, None]  # (B, 1, 1, q, L)
-    scores = scores.masked_fill_(~mask, float("-inf")) if mask.dtype == torch.bool else scores.add_(mask.float())
+    # the one-token step's arithmetic (float32 scores, scaled, masked, softmax): with q_len rows per head the
+    # scores are q_len times a decode step's, so every pass over them counts (_masked_scores)
+    scores = _masked_scores(stacked, key, attention_mask, q_len, scale, groups=groups)
     probs = torch.softmax(scores, dim=-1).to(value.dtype).view(batch, kv_heads, groups * q_len, length)
     out = torch.matmul(probs, value)  # (B, kv_heads, groups * q, d)
     return out.view(batch, heads, q_len, dim).transpose(1, 2).contiguous()
