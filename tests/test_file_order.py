@@ -58,7 +58,8 @@ def test_the_real_collection_puts_a_measured_slow_file_first() -> None:
     result = subprocess.run(
         [sys.executable, "-m", "pytest", "--collect-only", "-q", "-n", "0", "-p", "no:cacheprovider",
          "tests/test_file_order.py", "tests/test_main_ppo.py"],
-        cwd=REPO, capture_output=True, text=True)
+        cwd=REPO, capture_output=True, text=True,  # a recording outer run's output file is not this run's
+        env={k: v for k, v in os.environ.items() if k != "AGENTEVOLVER_TEST_SECONDS_OUT"})
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     collected = [line for line in result.stdout.splitlines() if "::" in line]
     assert collected[0].startswith("tests/test_main_ppo.py::"), collected
