@@ -33,6 +33,7 @@ def prepare_config(cfg: DictConfig) -> DictConfig:
     from agentevolver.module.agent_flow.dump import rollout_dump_dir
     from agentevolver.module.agent_flow.plugins import plugin_name_errors
     from agentevolver.verl.driver_runner import runs_in_driver
+    from agentevolver.verl.in_process import runs_in_process
 
     settings = validate_config(cfg, checks=(plugin_name_errors,))
     _check_loggers(cfg.trainer.get("logger"))
@@ -48,6 +49,7 @@ def prepare_config(cfg: DictConfig) -> DictConfig:
     _resolve_allocator(cfg)
     _join_running_cluster(cfg)
     runs_in_driver(cfg)  # trainer.task_runner names a choice: said before Ray starts
+    runs_in_process(cfg)  # trainer.agent_loop_workers too, and in_process only where it can run
     with open_dict(cfg):
         cfg.actor_rollout_ref.model.path = str(resolve_model_path(str(cfg.actor_rollout_ref.model.path)))
         # Absolute here: the TaskRunner and workers may run on other nodes, in other working directories.

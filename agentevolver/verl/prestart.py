@@ -79,8 +79,9 @@ def _single_node() -> str | None:
 
 def begin(config: DictConfig) -> dict[str, int]:
     """Start the run's ``hf`` rollout servers and agent-loop worker processes now, where that is safe (see the
-    module). Sets verl's ``agent_loop_manager_class`` to :data:`MANAGER_CLASS` when workers were started.
-    Returns how many of each were started."""
+    module). Sets verl's ``agent_loop_manager_class`` to :data:`MANAGER_CLASS` when workers were started; a
+    manager already set (the in-process one, :mod:`agentevolver.verl.in_process`, or the user's) starts no
+    worker process here. Returns how many of each were started."""
     started = {"servers": 0, "agent_workers": 0}
     if not bool(OmegaConf.select(config, "trainer.prestart", default=False)):
         return started

@@ -171,8 +171,9 @@ class AgentEvolverTrainer(RayPPOTrainer):
     def init_workers(self) -> None:
         """verl's start of the workers, with the rollout server and agent-loop worker processes started beside
         the training workers (``trainer.prestart``, :mod:`agentevolver.verl.prestart`)."""
-        from agentevolver.verl import prestart
+        from agentevolver.verl import in_process, prestart
 
+        in_process.choose(self.config)  # before prestart: in-process workers need no process started early
         started = prestart.begin(self.config)
         try:
             super().init_workers()
