@@ -10,7 +10,7 @@ fp32, the trainer recomputing the old log-probs so that verl logs the rollout-vs
 * run 2 resumes from run 1's step-1 checkpoint with **merged weights** (``model.lora.merge=true``: vLLM without
   LoRA, the trainer's merged weights, which verl casts to bf16) and trains step 2 on the tasks run 1's step 2 had.
 
-Marked ``alone`` like the other vLLM-CPU training test (vLLM's three processes next to the trainer's); skipped,
+Marked ``alone`` like the other vLLM-CPU training test (vLLM's two processes next to the trainer's); skipped,
 saying why, without the venv (``bash scripts/setup_vllm_cpu.sh``).
 """
 

@@ -91,9 +91,12 @@ def test_the_preset_is_the_cpu_preset_with_verls_vllm_rollout() -> None:
     assert rollout.name == "vllm" and rollout.dtype == "float32" and rollout.enforce_eager is True
     assert rollout.enable_sleep_mode is False and rollout.free_cache_engine is False
     assert rollout.engine_kwargs.vllm.worker_extension_cls == "agentevolver.verl.cpu.vllm.CPUWorkerExtension"
+    # the engine's worker inside vLLM's engine-core process: uni, kept by VLLM_ENABLE_V1_MULTIPROCESSING=0
+    assert rollout.engine_kwargs.vllm.distributed_executor_backend == "uni"
     assert (REPO_ROOT / "agentevolver" / "verl" / "cpu" / "vllm.py").is_file()
     env = cfg.ray_kwargs.ray_init.runtime_env.env_vars
     assert env.VERL_PLATFORM == "cpu" and int(env.VLLM_CPU_KVCACHE_SPACE) >= 1
+    assert env.VLLM_ENABLE_V1_MULTIPROCESSING == "0"
 
 
 @needs_venv
