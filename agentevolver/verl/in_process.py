@@ -122,11 +122,7 @@ class InProcessWorker:
         self._thread = threading.Thread(target=self._loop.run_forever, name=name, daemon=True)
         self._thread.start()
         # built on its loop's thread: whatever it binds to the running loop is bound to the one it will run on
-        self._worker = self._submit(self._build, worker_class, _copied(args)).result()
-
-    @staticmethod
-    async def _build(worker_class: type, args: tuple[Any, ...]) -> Any:
-        return worker_class(*args)
+        self._worker = self._submit(worker_class, *_copied(args)).result()
 
     def _submit(self, function: Any, *args: Any, **kwargs: Any) -> Any:
         """Run ``function`` (a coroutine function, or a plain one) on the worker's loop; a concurrent future."""
