@@ -190,13 +190,11 @@ def test_patch_guard_rejects_a_changed_function():
         _check(other_signature)
 
 
-def _server(**overrides: str):
-    """An HFRolloutServer built directly (no Ray) from the composed config with the cpu preset."""
+def _rollout_config(**overrides: str):
+    """The composed config with the cpu preset and the tiny-test model, resolved as verl's TaskRunner does."""
     from omegaconf import OmegaConf
-    from verl.workers.rollout.replica import RolloutMode
 
     from agentevolver.models import resolve_model_path
-    from agentevolver.verl.cpu.rollout import HFRolloutServer
 
     config = _compose_cpu(
         [
@@ -207,9 +205,62 @@ def _server(**overrides: str):
         ]
     )
     OmegaConf.resolve(config)  # as verl's TaskRunner does before anything reads it
+    return config
+
+
+def _server(**overrides: str):
+    """An HFRolloutServer built directly (no Ray) from the composed config with the cpu preset."""
+    from verl.workers.rollout.replica import RolloutMode
+
+    from agentevolver.verl.cpu.rollout import HFRolloutServer
+
+    config = _rollout_config(**overrides)
     return HFRolloutServer(
         config.actor_rollout_ref.rollout, config.actor_rollout_ref.model, RolloutMode.HYBRID, replica_rank=0
     )
+
+
+class _ActorHandle:
+    """A local HFRolloutServer called the way the adapter calls its Ray actor: ``handle.method.remote(...)``."""
+
+    def __init__(self, server) -> None:
+        self._server = server
+
+    def __getattr__(self, name: str):
+        from types import SimpleNamespace
+
+        return SimpleNamespace(remote=getattr(self._server, name))
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+async def test_adapter_sends_full_weights_in_the_servers_dtype(dtype: str):
+    """The actor's fp32 master weights reach a bf16 server as bf16 (half the bytes) and load exactly as the
+    server's own rounding would; an fp32 server gets them unchanged."""
+    from verl.workers.rollout.replica import RolloutMode
+
+    from agentevolver.verl.cpu.rollout import HFRolloutServer, HFServerAdapter
+
+    config = _rollout_config(**{"actor_rollout_ref.rollout.dtype": dtype})
+    rollout, model = config.actor_rollout_ref.rollout, config.actor_rollout_ref.model
+    server = HFRolloutServer(rollout, model, RolloutMode.HYBRID, replica_rank=0)
+    await server.ready()
+    arrived: list[torch.dtype] = []
+    load_weights = server.load_weights
+
+    async def recording_load(weights):
+        arrived.extend(tensor.dtype for _, tensor in weights)
+        return await load_weights(weights)
+
+    server.load_weights = recording_load
+    adapter = HFServerAdapter(rollout, model, replica_rank=0)
+    adapter._server = _ActorHandle(server)
+    params = dict(server._generator.model.named_parameters())
+    torch.manual_seed(0)
+    sent = {name: param.detach().float() + 1e-3 * torch.randn(param.shape) for name, param in params.items()}
+    await adapter.update_weights(iter(sent.items()), global_steps=1)
+    assert set(arrived) == {getattr(torch, dtype)} and len(arrived) == len(sent)
+    for name, param in params.items():
+        assert torch.equal(param.detach(), sent[name].to(param.dtype)), name
 
 
 async def test_server_generates_like_verls_vllm_server():

@@ -50,7 +50,7 @@ from verl.workers.config import HFModelConfig, RolloutConfig
 from verl.workers.rollout.base import BaseRollout
 from verl.workers.rollout.replica import RolloutReplica
 
-from agentevolver.verl.cpu.rollout_server import ROLLOUT_NAME, HFRolloutServer, server_actor_name
+from agentevolver.verl.cpu.rollout_server import ROLLOUT_NAME, HFRolloutServer, dtype_name, server_actor_name
 
 __all__ = ["ROLLOUT_NAME", "HFReplica", "HFRolloutServer", "HFServerAdapter", "server_actor_name"]
 
@@ -137,6 +137,9 @@ class HFServerAdapter(BaseRollout):
         self.is_leader_rank = True  # one worker per replica: every worker feeds its own server
         self._server: Any = None
         self._bucket_bytes = max(1, int(self.config.checkpoint_engine.update_weights_bucket_megabytes)) << 20
+        # full weights travel in the server's dtype: the server's in-place copy would round them to it anyway (the
+        # same rounding), and a bf16 server then receives half the bytes of the actor's fp32 master weights
+        self._wire_dtype = getattr(torch, dtype_name(self.config.dtype))
 
     @property
     def server(self) -> Any:
@@ -186,6 +189,9 @@ class HFServerAdapter(BaseRollout):
 
         async for name, tensor in _iterate(weights):
             tensor = tensor.detach().to("cpu")
+            if peft_config is None and tensor.is_floating_point():
+                # LoRA's base weights and adapters keep the actor's precision: the server merges them
+                tensor = tensor.to(self._wire_dtype)
             bucket.append((name, tensor))
             size += tensor.numel() * tensor.element_size()
             if size >= self._bucket_bytes:

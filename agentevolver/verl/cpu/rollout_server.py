@@ -33,7 +33,7 @@ def server_actor_name(replica_rank: int, name_suffix: str = "") -> str:
     return f"{ROLLOUT_NAME}_server_{replica_rank}_0{name_suffix}"
 
 
-def _dtype_name(dtype: Any) -> str:
+def dtype_name(dtype: Any) -> str:
     """``rollout.dtype`` as the generator's dtype name (``auto`` resolved by the CPU's bf16 speed)."""
     import torch
     from verl.utils.torch_dtypes import PrecisionType
@@ -88,7 +88,7 @@ class HFRolloutServer:
         if self._generator_kwargs["seed"] is not None:
             self._generator_kwargs["seed"] = int(self._generator_kwargs["seed"]) + replica_rank
         self._generator = HFGenerator.from_pretrained(
-            self.model_config.local_path, dtype=_dtype_name(self.config.dtype), **self._generator_kwargs
+            self.model_config.local_path, dtype=dtype_name(self.config.dtype), **self._generator_kwargs
         )
         self._model = self._generator.model
         self._params = dict(self._model.named_parameters(remove_duplicate=False))
