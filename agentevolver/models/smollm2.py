@@ -8,8 +8,10 @@ once, copy the weights into an ordinary ``LlamaForCausalLM`` and save safetensor
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import logging
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -50,6 +52,54 @@ def locate_gguf() -> Path:
     )
 
 
+#: transformers modules that import ``load_gguf_checkpoint`` by name; each reads the GGUF's metadata anew.
+_GGUF_READERS = (
+    "transformers.modeling_gguf_pytorch_utils",
+    "transformers.configuration_utils",
+    "transformers.tokenization_utils_tokenizers",
+    "transformers.models.auto.tokenization_auto",
+)
+
+
+@contextlib.contextmanager
+def _gguf_metadata_read_once() -> Iterator[None]:
+    """Within the block, transformers parses a GGUF file's metadata once instead of three times.
+
+    Why: loading the tokenizer, the config and the model from a GGUF makes transformers parse the whole
+    metadata (49k vocabulary strings, element by element through numpy) for each of them, about a third of a
+    fresh machine's conversion time. The metadata-only result (``return_tensors=False``) is kept per path and
+    each caller gets its own deep copy (callers edit what they get); reading the tensors is left as it is.
+    A transformers version without one of these names is left unpatched there: slower, not different.
+    """
+    import copy
+    import importlib
+
+    from transformers import modeling_gguf_pytorch_utils
+
+    original = modeling_gguf_pytorch_utils.load_gguf_checkpoint
+    parsed: dict[str, Any] = {}
+
+    def load_gguf_checkpoint(path: Any, return_tensors: bool = False, *args: Any, **kwargs: Any) -> Any:
+        if return_tensors or args or kwargs:
+            return original(path, return_tensors, *args, **kwargs)
+        key = str(path)
+        if key not in parsed:
+            parsed[key] = original(path, False)
+        return copy.deepcopy(parsed[key])
+
+    patched = []
+    for name in _GGUF_READERS:
+        module = importlib.import_module(name)
+        if getattr(module, "load_gguf_checkpoint", None) is original:
+            module.load_gguf_checkpoint = load_gguf_checkpoint
+            patched.append(module)
+    try:
+        yield
+    finally:
+        for module in patched:
+            module.load_gguf_checkpoint = original
+
+
 def convert_smollm2(dest: Path) -> dict[str, Any]:
     """Write a safetensors checkpoint + tokenizer + chat template + generation config into ``dest``.
 
@@ -67,8 +117,9 @@ def convert_smollm2(dest: Path) -> dict[str, Any]:
 
     gguf = locate_gguf()
     logger.info("Dequantizing %s (slow, done once)", gguf)
-    tokenizer = configure_tokenizer(AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name))
-    source = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+    with _gguf_metadata_read_once():
+        tokenizer = configure_tokenizer(AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name))
+        source = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
 
     config_dict = {k: v for k, v in source.config.to_dict().items() if k not in _DROP_CONFIG_KEYS}
     config_dict["architectures"] = ["LlamaForCausalLM"]
