@@ -7,7 +7,8 @@ all of it one file after another (download, unpack, byte-compile); uv does the s
 in 7 s, everything with byte-compiling in 45 s) and resolves to the same versions. But uv does not read pip's
 configuration, and on many machines that configuration is what makes an install work at all (a local index, a
 ``find-links`` folder holding the CPU torch wheel, a machine-wide constraints file, a certificate). So this
-reads pip's effective settings (``pip config list``: files and ``PIP_*`` variables, the later one winning)
+reads pip's effective settings (``pip config list``: its files' ``[global]`` and ``[install]`` sections and its
+``PIP_*`` variables, in pip's order of precedence)
 and passes each as uv's option of the same meaning, with pip's way of choosing among indexes
 (``--index-strategy unsafe-best-match``: the best version from any of them).
 
@@ -36,16 +37,23 @@ UNTRANSLATABLE = 3
 _LINE = re.compile(r"^(?P<scope>[^.]*)\.(?P<key>[^=]+)='(?P<value>.*)'$")
 
 
+#: the sections of ``pip config list`` that apply to ``pip install``, weakest first: a file's ``[global]``, its
+#: ``[install]``, then the ``PIP_*`` variables (pip has already merged the files: the later file wins there).
+_SCOPE_RANK = {"global": 0, "install": 1, ":env:": 2}
+
+
 def pip_settings(python: str) -> dict[str, str]:
-    """pip's effective settings for ``python``'s pip: key -> value, the later source winning (pip lists its
-    files in load order, then its ``PIP_*`` variables)."""
+    """pip's effective settings for ``pip install`` of ``python``'s pip: key -> value."""
     listing = subprocess.run([python, "-m", "pip", "config", "list"], capture_output=True, text=True, check=True)
-    settings: dict[str, str] = {}
+    ranked: dict[str, tuple[int, str]] = {}
     for line in listing.stdout.splitlines():
         match = _LINE.match(line.strip())
-        if match:
-            settings[match["key"]] = match["value"]
-    return settings
+        if not match or match["scope"] not in _SCOPE_RANK:
+            continue
+        rank = _SCOPE_RANK[match["scope"]]
+        if match["key"] not in ranked or rank >= ranked[match["key"]][0]:
+            ranked[match["key"]] = (rank, match["value"])
+    return {key: value for key, (_, value) in ranked.items() if key != "config-file"}
 
 
 def uv_options(settings: dict[str, str]) -> tuple[list[str], dict[str, str]]:
