@@ -12,7 +12,7 @@ from agentevolver.backends.cpu import precision, threads
 from agentevolver.config import compose_config
 from agentevolver.errors import ConfigError
 from agentevolver.main_ppo import prepare_config
-from agentevolver.verl.cpu.rollout_server import _dtype_name
+from agentevolver.verl.cpu.rollout_server import dtype_name
 
 ZEN4 = "fpu sse2 avx2 avx512f avx512_vnni avx512_bf16 avx_vnni"
 SAPPHIRE_RAPIDS = "avx2 avx512f avx512_bf16 amx_tile amx_bf16 amx_int8"
@@ -125,10 +125,10 @@ def test_auto_off_the_cpu_is_refused_with_the_key_named() -> None:
 
 
 def test_the_hf_rollout_takes_auto_and_names_the_choices() -> None:
-    assert _dtype_name("bf16") == "bfloat16" and _dtype_name("float32") == "float32"
-    assert _dtype_name("auto") == ("bfloat16" if precision.resolve_dtype("auto") == "bf16" else "float32")
+    assert dtype_name("bf16") == "bfloat16" and dtype_name("float32") == "float32"
+    assert dtype_name("auto") == ("bfloat16" if precision.resolve_dtype("auto") == "bf16" else "float32")
     with pytest.raises(ValueError, match=r"rollout\.dtype must be auto, float32, bfloat16 or float16"):
-        _dtype_name("int8")
+        dtype_name("int8")
 
 
 def test_worker_threads_auto_is_the_usable_cores_and_a_number_is_kept() -> None:
