@@ -29,6 +29,20 @@ def test_root_config_composes_verl_defaults_and_project_sections() -> None:
     assert settings.memory.workspace_id == cfg.trainer.experiment_name
 
 
+def test_composing_finds_verls_configs_without_importing_verl() -> None:
+    # The launcher and the config CLI only compose; importing verl (torch, tensordict) cost them ~5 s each.
+    code = textwrap.dedent("""
+        import sys
+        from agentevolver.config import compose_config
+        cfg = compose_config(config_name="quickstart", config_dir="examples")
+        print(cfg.actor_rollout_ref.actor.clip_ratio_high, cfg.trainer.total_training_steps)
+        print("verl imported:", "verl" in sys.modules, "torch imported:", "torch" in sys.modules)
+    """)
+    done = subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, capture_output=True, text=True, check=False)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == ["0.28 4", "verl imported: False torch imported: False"]
+
+
 def test_overrides_reach_the_typed_settings() -> None:
     _, settings = load_config(
         ["task_manager.n=4", "exp_manager.train_sample_mode=hybrid", "trainer.experiment_name=exp42"]
