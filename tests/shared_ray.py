@@ -1,0 +1,79 @@
+"""One Ray cluster per pytest process, which the training runs it starts join instead of starting their own.
+
+Why: a training run that starts its own local Ray pays Ray's start (GCS, raylet, agents) before its first step
+and Ray's stop after its last: 8.6 s of a 30 s tiny-test run, measured with ``bench/startup_profile.py --arm
+"joined=+ray_kwargs.ray_init.address=..."`` (AMD EPYC with AVX512-BF16, idle; docs/benchmarks.md). The suite
+starts about 36 runs. Joining a running cluster is a path users take too (several nodes, docs/backends.md):
+``RAY_ADDRESS`` makes ``ray.init`` join, and ``agentevolver.main_ppo`` leaves out the preset's local Ray sizes.
+
+What the runs do not share: each driver is its own Ray job, and its actors (the FSDP worker, the rollout server)
+die with it, so a run starts from fresh worker processes as before. Tests about a local Ray's own processes or
+``ray.init``'s arguments (the allocator in Ray's daemons, the multi-node cluster, ``ray.init`` in the test's
+process) do not use it: only :func:`training_fixture.training_env` passes the address on.
+
+The cluster is started on first use (a pytest process that runs no training run starts none) with the CPU preset's
+local sizes and system config, in a Ray temp folder of its own, and stopped when the session ends
+(``conftest.py``). A cluster found dead (a test that killed Ray's processes) is started again.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import tempfile
+from typing import Any
+
+#: The CPU preset's local Ray (config/backend/cpu.yaml, ``ray_kwargs.ray_init``): 8 logical CPU slots, and no
+#: idle workers started ahead of need. GPU slots: the preset declares ``trainer.n_gpus_per_node`` (1 in every
+#: test that joins); 2 leave room for a test with two ranks.
+HEAD_ARGS: dict[str, Any] = {
+    "num_cpus": 8,
+    "num_gpus": 2,
+    "include_dashboard": False,
+    "_system_config": {"enable_worker_prestart": False, "prestart_worker_first_driver": False},
+}
+
+#: Set ``AGENTEVOLVER_TEST_SHARED_RAY=0`` to give every training run a local Ray of its own, as before.
+SWITCH = "AGENTEVOLVER_TEST_SHARED_RAY"
+
+_cluster: Any = None
+_temp: str | None = None
+
+
+def enabled() -> bool:
+    return os.environ.get(SWITCH, "1") != "0"
+
+
+def address() -> str:
+    """The running cluster's GCS address (host:port), started here if there is none or it died."""
+    global _cluster, _temp
+    if _cluster is not None and not _alive(_cluster):
+        stop()
+    if _cluster is None:
+        from ray.cluster_utils import Cluster
+
+        # Short (Ray's socket paths must stay under 108 bytes) and apart from /tmp/ray, where other Ray instances
+        # keep their sessions and "current cluster" file.
+        _temp = tempfile.mkdtemp(prefix="aeray-", dir="/tmp")
+        _cluster = Cluster(initialize_head=True,
+                           head_node_args={**HEAD_ARGS, "temp_dir": os.path.join(_temp, "ray")})
+    return str(_cluster.address)
+
+
+def stop() -> None:
+    """Stop the cluster (if one was started) and remove its temp folder."""
+    global _cluster, _temp
+    if _cluster is not None:
+        with contextlib.suppress(Exception):
+            _cluster.shutdown()
+    if _temp is not None:
+        shutil.rmtree(_temp, ignore_errors=True)
+    _cluster, _temp = None, None
+
+
+def _alive(cluster: Any) -> bool:
+    try:
+        return bool(cluster.head_node.remaining_processes_alive())
+    except Exception:
+        return False
