@@ -47,6 +47,7 @@ def prepare_config(cfg: DictConfig) -> DictConfig:
     _resolve_worker_threads(cfg)
     _runtime_env_vars_as_text(cfg)
     _resolve_allocator(cfg)
+    _resolve_mkl_cpu(cfg)
     _join_running_cluster(cfg)
     runs_in_driver(cfg)  # trainer.task_runner names a choice: said before Ray starts
     runs_in_process(cfg)  # trainer.agent_loop_workers too, and in_process only where it can run
@@ -112,6 +113,14 @@ def _resolve_allocator(cfg: DictConfig) -> None:
     from agentevolver.backends.cpu.allocator import resolve_allocator
 
     resolve_allocator(cfg)
+
+
+def _resolve_mkl_cpu(cfg: DictConfig) -> None:
+    """MKL's kernels on an AMD CPU (the CPU preset's ``AGENTEVOLVER_MKL_CPU``): after the compute dtypes and the
+    allocator, before ray.init, since a preload only reaches processes started afterwards."""
+    from agentevolver.backends.cpu.mkl_cpu import resolve_mkl_cpu
+
+    resolve_mkl_cpu(cfg)
 
 
 def _runtime_env_vars_as_text(cfg: DictConfig) -> None:

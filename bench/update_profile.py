@@ -18,6 +18,7 @@ variant's operators (self CPU time). It leaves out verl's FSDP wrapper, the opti
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import random
 import sys
@@ -49,7 +50,9 @@ def main() -> None:
     parser.add_argument("--dtype", choices=["bf16", "fp32"], default="bf16")
     parser.add_argument("--groups", type=int, default=4, help="GRPO groups of 4 in one update (the quickstart's 4)")
     parser.add_argument("--rounds", type=int, default=2, help="timed updates per variant, alternating (best counts)")
-    parser.add_argument("--top", type=int, default=15, help="operators shown for the fastest variant")
+    parser.add_argument("--top", type=int, default=15, help="operators shown for the fastest variant (0: no profile)")
+    parser.add_argument("--json", type=Path, default=None,
+                        help="also write the best seconds per variant and the floor here (bench/mkl_cpu.py reads it)")
     args = parser.parse_args()
     from rich.console import Console
     from rich.table import Table
@@ -115,6 +118,10 @@ def main() -> None:
     for name, seconds in best.items():
         table.add_row(name, f"{seconds:.2f}", f"{baseline / seconds:.2f}x", f"{seconds / floor:.1f}x")
     Console(width=200).print(table)
+    if args.json is not None:
+        args.json.write_text(json.dumps({"seconds": best, "floor": floor, "tokens": tokens, "rate": rate}))
+    if args.top <= 0:
+        return
     fastest = min(best, key=best.get)
     with profile(activities=[ProfilerActivity.CPU]) as prof:
         update(*variants[fastest])

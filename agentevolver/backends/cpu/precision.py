@@ -34,8 +34,8 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 __all__ = [
-    "AUTO", "AUTO_DTYPE_KEYS", "BF16_FLAGS", "MIN_BF16_SPEEDUP", "bf16_speedup", "cpu_bf16_support", "describe",
-    "machine_summary", "resolve_auto_dtypes", "resolve_dtype",
+    "AUTO", "AUTO_DTYPE_KEYS", "BF16_FLAGS", "MIN_BF16_SPEEDUP", "bf16_speedup", "cpu_bf16_support", "cpu_field",
+    "describe", "machine_flags", "machine_summary", "resolve_auto_dtypes", "resolve_dtype",
 ]
 
 logger = logging.getLogger(__name__)
@@ -88,6 +88,16 @@ def _cpuinfo() -> str:
 @functools.cache
 def _machine_flags() -> frozenset[str]:
     return frozenset(_flags_of(_cpuinfo()))
+
+
+def cpu_field(name: str) -> str:
+    """One field of this machine's /proc/cpuinfo (its first CPU), e.g. ``vendor_id``; "" where there is none."""
+    return _field_of(_cpuinfo(), name)
+
+
+def machine_flags() -> frozenset[str]:
+    """This machine's CPU flags (/proc/cpuinfo, read once per process); empty where there is none."""
+    return _machine_flags()
 
 
 def cpu_bf16_support(flags: Iterable[str] | None = None) -> str | None:
