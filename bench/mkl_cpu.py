@@ -1,6 +1,6 @@
 """MKL's kernels on an AMD CPU: the quickstart's actor update with MKL as torch ships it and with its Intel kernels.
 
-    .venv/bin/python bench/mkl_cpu.py [--repeats 2] [--model smollm2-135m-instruct]
+    .venv/bin/python bench/mkl_cpu.py [--repeats 2] [--model smollm2-135m-instruct] [--groups 4]
 
 Why: MKL (inside torch's CPU library) runs bf16 products as fp32 on AMD CPUs, torch's CPU flash attention among
 them (agentevolver/backends/cpu/mkl_cpu.py). A preload is chosen when a process starts, so each setting runs
@@ -27,12 +27,12 @@ from agentevolver.backends.cpu.mkl_cpu import mkl_asks_vendor, shim_library  # n
 from agentevolver.backends.cpu.precision import cpu_field  # noqa: E402
 
 
-def measure(env: dict[str, str], model: str) -> dict:
+def measure(env: dict[str, str], model: str, groups: int) -> dict:
     """One fresh process of bench/update_profile.py under ``env``; its JSON result."""
     with tempfile.TemporaryDirectory() as folder:
         out = Path(folder) / "result.json"
         command = [sys.executable, str(ROOT / "bench" / "update_profile.py"), "--rounds", "1", "--top", "0",
-                   "--model", model, "--json", str(out)]
+                   "--model", model, "--groups", str(groups), "--json", str(out)]
         done = subprocess.run(command, env=env, capture_output=True, text=True, check=False)
         if done.returncode != 0 or not out.is_file():
             sys.exit(f"bench/update_profile.py failed:\n{done.stderr[-3000:]}")
@@ -43,6 +43,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--model", default="smollm2-135m-instruct")
+    parser.add_argument("--groups", type=int, default=4, help="GRPO groups of 4 in one update (the quickstart's 4)")
     args = parser.parse_args()
     from rich.console import Console
     from rich.table import Table
@@ -59,7 +60,7 @@ def main() -> None:
     floor = 0.0
     for index in range(args.repeats):
         for name in (list(settings) if index % 2 == 0 else list(settings)[::-1]):
-            result = measure(settings[name], args.model)
+            result = measure(settings[name], args.model, args.groups)
             floor = result["floor"]
             for variant, seconds in result["seconds"].items():
                 best[name][variant] = min(best[name].get(variant, float("inf")), seconds)

@@ -39,6 +39,20 @@ def test_allocator_bench_runs_small() -> None:
         assert text in done.stdout, done.stdout
 
 
+def test_mkl_cpu_bench_runs_small() -> None:
+    """bench/mkl_cpu.py: the update under MKL as shipped and with its Intel kernels, in fresh processes, tiny-test,
+    one group (skipped where torch has no MKL vendor check to answer or there is no C compiler)."""
+    from agentevolver.backends.cpu.mkl_cpu import mkl_asks_vendor, shim_library
+
+    if not mkl_asks_vendor() or shim_library() is None:
+        pytest.skip("torch does not export MKL's vendor check here, or no C compiler (cc)")
+    done = subprocess.run([sys.executable, str(REPO_ROOT / "bench" / "mkl_cpu.py"), "--repeats", "1",
+                           "--model", "tiny-test", "--groups", "1"], cwd=REPO_ROOT, capture_output=True, text=True)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    for text in ("vendor / intel", "checkpointing", "floor", "load"):
+        assert text in done.stdout, done.stdout
+
+
 def test_omp_wait_policy_bench_runs_small() -> None:
     """bench/omp_wait_policy.py: both workloads under both policies in fresh processes, tiny-test, one copy."""
     done = subprocess.run([sys.executable, str(REPO_ROOT / "bench" / "omp_wait_policy.py"), "--repeats", "1",
