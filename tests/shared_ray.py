@@ -22,6 +22,7 @@ import contextlib
 import os
 import shutil
 import tempfile
+from collections.abc import Iterator
 from typing import Any
 
 #: The CPU preset's local Ray (config/backend/cpu.yaml, ``ray_kwargs.ray_init``): 8 logical CPU slots, and no
@@ -54,22 +55,38 @@ def address() -> str:
         from ray.cluster_utils import Cluster
 
         # Short (Ray's socket paths must stay under 108 bytes) and apart from /tmp/ray, where other Ray instances
-        # keep their sessions and "current cluster" file.
+        # keep their sessions. RAY_TMPDIR while it starts: Ray writes the head's address into
+        # <RAY_TMPDIR>/ray/ray_current_cluster, and a plain ray.init() anywhere on the machine (a test's own local
+        # Ray, a run with a Ray of its own) would join the cluster named there instead of starting one.
         _temp = tempfile.mkdtemp(prefix="aeray-", dir="/tmp")
-        _cluster = Cluster(initialize_head=True,
-                           head_node_args={**HEAD_ARGS, "temp_dir": os.path.join(_temp, "ray")})
+        with _ray_tmpdir(_temp):
+            _cluster = Cluster(initialize_head=True,
+                               head_node_args={**HEAD_ARGS, "temp_dir": os.path.join(_temp, "ray")})
     return str(_cluster.address)
 
 
 def stop() -> None:
     """Stop the cluster (if one was started) and remove its temp folder."""
     global _cluster, _temp
-    if _cluster is not None:
-        with contextlib.suppress(Exception):
+    if _cluster is not None and _temp is not None:
+        with contextlib.suppress(Exception), _ray_tmpdir(_temp):
             _cluster.shutdown()
     if _temp is not None:
         shutil.rmtree(_temp, ignore_errors=True)
     _cluster, _temp = None, None
+
+
+@contextlib.contextmanager
+def _ray_tmpdir(folder: str) -> Iterator[None]:
+    before = os.environ.get("RAY_TMPDIR")
+    os.environ["RAY_TMPDIR"] = folder
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop("RAY_TMPDIR", None)
+        else:
+            os.environ["RAY_TMPDIR"] = before
 
 
 def _alive(cluster: Any) -> bool:
