@@ -10,7 +10,7 @@ import subprocess
 import sys
 
 import pytest
-from omegaconf import OmegaConf
+from training_fixture import ask_a_local_ray
 
 from agentevolver.backends.cpu import allocator
 from agentevolver.config import compose_config
@@ -103,12 +103,7 @@ def test_the_chosen_allocator_is_in_force_inside_a_ray_worker(clean_env) -> None
         exec(_PROBE, scope)
         return {**scope["heap_probe"](), "threshold": os.environ.get("MALLOC_MMAP_THRESHOLD_")}
 
-    ray.init(**OmegaConf.to_container(cfg.ray_kwargs.ray_init, resolve=True), include_dashboard=False,
-             log_to_driver=False)
-    try:
-        result = ray.get(seen.remote())
-    finally:
-        ray.shutdown()
+    result = ask_a_local_ray(cfg, seen.remote)
     assert result == {"in_heap": True, "allocator": "glibc-tuned",
                       "threshold": allocator.GLIBC_TUNED["MALLOC_MMAP_THRESHOLD_"]}
 

@@ -7,6 +7,7 @@ import json
 
 import pytest
 from omegaconf import OmegaConf
+from training_fixture import ask_a_local_ray
 
 from agentevolver.backends.cpu import precision, threads
 from agentevolver.config import compose_config
@@ -159,7 +160,6 @@ def test_the_ray_workers_get_every_usable_core() -> None:
     import ray
 
     cfg = prepare_config(_cpu_config())
-    ray_init = OmegaConf.to_container(cfg.ray_kwargs.ray_init, resolve=True)
 
     @ray.remote
     class Probe:
@@ -170,11 +170,7 @@ def test_the_ray_workers_get_every_usable_core() -> None:
 
             return os.environ.get("OMP_NUM_THREADS"), torch.get_num_threads()
 
-    ray.init(**ray_init, include_dashboard=False, log_to_driver=False)
-    try:
-        env, used = ray.get(Probe.remote().threads.remote())
-    finally:
-        ray.shutdown()
+    env, used = ask_a_local_ray(cfg, lambda: Probe.remote().threads.remote())
     assert (env, used) == (str(threads.usable_cores()), threads.usable_cores())
 
 

@@ -11,7 +11,7 @@ import sys
 from collections.abc import Iterator
 
 import pytest
-from omegaconf import OmegaConf
+from training_fixture import ask_a_local_ray
 
 from agentevolver.backends.cpu import mkl_cpu
 from agentevolver.backends.cpu.precision import cpu_field
@@ -115,10 +115,5 @@ def test_intel_is_in_force_inside_a_ray_worker(clean_env) -> None:
         exec(_PROBE, scope)
         return {"branch": scope["mkl_probe"]()["branch"], "choice": os.environ.get(mkl_cpu.MKL_CPU_VAR)}
 
-    ray.init(**OmegaConf.to_container(cfg.ray_kwargs.ray_init, resolve=True), include_dashboard=False,
-             log_to_driver=False)
-    try:
-        result = ray.get(seen.remote())
-    finally:
-        ray.shutdown()
+    result = ask_a_local_ray(cfg, seen.remote)
     assert result["choice"] == "intel" and result["branch"] > 0

@@ -7,8 +7,9 @@ import os
 import subprocess
 import sys
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import psutil
 import pytest
@@ -17,6 +18,7 @@ from scripted_openai_server import SCRIPTED_MODEL
 
 if TYPE_CHECKING:
     import torch
+    from omegaconf import DictConfig
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -131,6 +133,21 @@ def training_env(shared_ray: bool = True) -> dict[str, str]:
     if shared_ray and shared_ray_cluster.enabled() and "RAY_ADDRESS" not in os.environ:
         env["RAY_ADDRESS"] = shared_ray_cluster.address()
     return env
+
+
+def ask_a_local_ray(cfg: DictConfig, request: Callable[[], Any]) -> Any:
+    """Start the local Ray that a prepared config (``main_ppo.prepare_config``) describes, ``ray_kwargs.ray_init``
+    with its runtime env, in this process; ``ray.get`` what ``request()`` submits (a task or an actor call, whose
+    worker reports what it was given); shut Ray down again."""
+    import ray
+    from omegaconf import OmegaConf
+
+    ray.init(**OmegaConf.to_container(cfg.ray_kwargs.ray_init, resolve=True), include_dashboard=False,
+             log_to_driver=False)
+    try:
+        return ray.get(request())
+    finally:
+        ray.shutdown()
 
 
 def kill_tree(process: subprocess.Popen[str]) -> None:
