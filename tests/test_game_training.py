@@ -18,7 +18,7 @@ import pytest
 from env_service_fixture import env_service
 from fastapi.testclient import TestClient
 from ports import free_port
-from training_fixture import training_command, training_env, training_timeout
+from training_fixture import run_training, training_command, training_timeout
 
 from agentevolver.logview import create_app
 from agentevolver.module.agent_flow import read_rollout_dump
@@ -43,7 +43,7 @@ def service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 
 def _train(service: str, run_dir: Path, *extra: str) -> subprocess.CompletedProcess[str]:
     command = [arg for arg in training_command(service, run_dir, *GAME, *extra) if arg not in _REPLACED]
-    return subprocess.run(command, cwd=run_dir, env=training_env(), capture_output=True, text=True, check=False)
+    return run_training(command, run_dir)
 
 
 def _advantage(record: dict) -> float:

@@ -19,7 +19,7 @@ import pytest
 import torch
 from env_service_fixture import env_service
 from scripted_openai_server import SCRIPTED_MODEL
-from training_fixture import checksum_reward, training_command, training_env, training_timeout
+from training_fixture import checksum_reward, run_training, training_command, training_env, training_timeout
 
 from agentevolver.models import resolve_model_path
 from agentevolver.module.agent_flow import read_rollout_dump
@@ -44,7 +44,7 @@ def service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 def _train(service: str, run_dir: Path, *extra: str) -> subprocess.CompletedProcess[str]:
     command = [arg for arg in training_command(service, run_dir, *BUDGET, *checksum_reward(run_dir), *extra)
                if arg != "env_service.env_type=lottery"]
-    return subprocess.run(command, cwd=run_dir, env=training_env(), capture_output=True, text=True, check=False)
+    return run_training(command, run_dir)
 
 
 def _sequence_logprobs(model_dir: Path, prompt: list[int], response: list[int], mask: list[int]) -> torch.Tensor:

