@@ -49,6 +49,7 @@ NOISE: tuple[tuple[str, str], ...] = (
     (r"\[validate_config\] All configuration checks passed", "verl's config check passed"),
     (r"^Size of train dataloader", "dataloader sizes (the table shows steps)"),
     (r"^colocated worker base class", "verl internals"),
+    (r"^bind role \w+ method \w+ to class", "verl binds the worker methods of the rollout server it hosts"),
     (r"Failed to set NUMA affinity", "no libnuma on this machine; nothing to act on"),
     (r"^Skipping monkey patch for", "verl's fused-kernel note"),
     (r"contains [\d.]+[KMB] parameters$", "model size (in the run record)"),

@@ -32,6 +32,7 @@ def prepare_config(cfg: DictConfig) -> DictConfig:
     from agentevolver.models import resolve_model_path
     from agentevolver.module.agent_flow.dump import rollout_dump_dir
     from agentevolver.module.agent_flow.plugins import plugin_name_errors
+    from agentevolver.verl.cpu.hosting import hosts_rollout_server
     from agentevolver.verl.driver_runner import runs_in_driver
     from agentevolver.verl.in_process import runs_in_process
 
@@ -51,6 +52,7 @@ def prepare_config(cfg: DictConfig) -> DictConfig:
     _join_running_cluster(cfg)
     runs_in_driver(cfg)  # trainer.task_runner names a choice: said before Ray starts
     runs_in_process(cfg)  # trainer.agent_loop_workers too, and in_process only where it can run
+    hosts_rollout_server(cfg)  # trainer.rollout_server too, and worker only where it can run
     with open_dict(cfg):
         cfg.actor_rollout_ref.model.path = str(resolve_model_path(str(cfg.actor_rollout_ref.model.path)))
         # Absolute here: the TaskRunner and workers may run on other nodes, in other working directories.
@@ -100,11 +102,13 @@ def _resolve_compute_dtypes(cfg: DictConfig) -> None:
 
 def _resolve_worker_threads(cfg: DictConfig) -> None:
     """``auto`` torch threads for the Ray workers (the CPU preset's) become the usable cores, before ray.init;
-    half of them each in async training, where the rollout server and the update compute side by side."""
-    from agentevolver.backends.cpu.threads import resolve_auto_threads
+    half of them each in async training, where the rollout server and the update compute side by side. The
+    ``auto`` OpenMP wait policy is resolved with them."""
+    from agentevolver.backends.cpu.threads import resolve_auto_threads, resolve_wait_policy
     from agentevolver.verl.async_loop import async_settings
 
     resolve_auto_threads(cfg, side_by_side=1 if async_settings(cfg) is None else 2)
+    resolve_wait_policy(cfg)
 
 
 def _resolve_allocator(cfg: DictConfig) -> None:

@@ -12,7 +12,10 @@ barrier that waits for a descheduled thread. Settings compared, each in fresh pr
 environment when torch loads it):
 
 * ``default``: ``OMP_WAIT_POLICY`` unset;
-* ``passive``: ``OMP_WAIT_POLICY=PASSIVE`` (idle threads sleep at once).
+* ``passive``: ``OMP_WAIT_POLICY=PASSIVE`` (idle threads sleep at once);
+* ``active``: ``OMP_WAIT_POLICY=ACTIVE`` with ``GOMP_SPINCOUNT=300000``, what the CPU preset's ``auto`` gives
+  the Ray workers: libgomp's one-team spin, kept when a process holds more OpenMP threads than cores (libgomp
+  then cuts its spin to 1,000 iterations unless the policy is ACTIVE).
 
 Workloads, each in its own process:
 
@@ -20,6 +23,9 @@ Workloads, each in its own process:
   prompt, decoded in the generator's worker thread as the rollout server does: no torch work on the main
   thread first (the plain generator's path; ``batch_invariant_greedy``'s start-up probe computes on the
   calling thread first, which changes libgomp's spin, so it is not used here);
+* ``decode_two_teams``: ``decode`` after another thread of the process has computed with torch and stays
+  alive, as in the training worker that hosts the rollout server (``trainer.rollout_server=worker``): the
+  update's thread keeps its OpenMP team, so the process holds more OpenMP threads than cores;
 * ``update``: forward + backward + AdamW over 4 x 256 tokens (fp32).
 
 ``--together 2`` starts two copies of the same workload at once (what two xdist workers, or two runs, do);
@@ -42,7 +48,9 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 #: setting -> its environment
-POLICIES: dict[str, dict[str, str]] = {"default": {}, "passive": {"OMP_WAIT_POLICY": "PASSIVE"}}
+POLICIES: dict[str, dict[str, str]] = {"default": {}, "passive": {"OMP_WAIT_POLICY": "PASSIVE"},
+                                        "active": {"OMP_WAIT_POLICY": "ACTIVE", "GOMP_SPINCOUNT": "300000"}}
+WORKLOADS = ("decode", "decode_two_teams", "update")
 
 
 def worker(workload: str, model_name: str) -> None:
@@ -55,7 +63,20 @@ def worker(workload: str, model_name: str) -> None:
     from agentevolver.models import resolve_model_path
 
     path = str(resolve_model_path(model_name))
-    if workload == "decode":
+    if workload == "decode_two_teams":
+        import threading
+
+        done = threading.Event()
+
+        def other_team() -> None:
+            weights = torch.randn(512, 512)
+            for _ in range(20):
+                weights = torch.nn.functional.normalize(weights @ weights)
+            done.wait()
+
+        threading.Thread(target=other_team, daemon=True).start()
+        time.sleep(1.0)
+    if workload in ("decode", "decode_two_teams"):
         generator = HFGenerator.from_pretrained(path, dtype="auto", seed=0, max_batch_size=16, default_max_tokens=48)
         prompts = [generator.tokenizer(f"Question {i}: compute {7 * i} + {13 * i} step by step.")["input_ids"]
                    for i in range(16)]
@@ -89,7 +110,7 @@ def worker(workload: str, model_name: str) -> None:
 def measure(workload: str, env: dict[str, str], together: int, model: str) -> float:
     """The slowest wall time of ``together`` copies of ``workload`` started at once."""
     command = [sys.executable, __file__, "--worker", workload, "--model", model]
-    base = {key: value for key, value in os.environ.items() if key != "OMP_WAIT_POLICY"}
+    base = {key: value for key, value in os.environ.items() if key not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")}
     procs = [subprocess.Popen(command, env={**base, **env}, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
              for _ in range(together)]
     walls = []
@@ -106,9 +127,9 @@ def main() -> None:
     parser.add_argument("--model", default="smollm2-135m-instruct")
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--policies", default="default,passive", help=f"comma list of {', '.join(POLICIES)}")
-    parser.add_argument("--workloads", default="decode,update", help="comma list: decode, update")
+    parser.add_argument("--workloads", default="decode,update", help=f"comma list of {', '.join(WORKLOADS)}")
     parser.add_argument("--together", default="1,2", help="comma list: copies run at once")
-    parser.add_argument("--worker", choices=["decode", "update"], help=argparse.SUPPRESS)
+    parser.add_argument("--worker", choices=WORKLOADS, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
         worker(args.worker, args.model)
@@ -117,7 +138,7 @@ def main() -> None:
     from rich.table import Table
 
     policies = [p for p in POLICIES if p in {"default", *args.policies.split(",")}]
-    workloads = [w for w in ("decode", "update") if w in args.workloads.split(",")]
+    workloads = [w for w in WORKLOADS if w in args.workloads.split(",")]
     counts = [int(n) for n in args.together.split(",")]
     results: dict[tuple[str, int, str], list[float]] = {}
     load_before = os.getloadavg()[0]

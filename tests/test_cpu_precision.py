@@ -154,6 +154,31 @@ def test_worker_threads_auto_shares_the_cores_in_async_training() -> None:
     assert OmegaConf.select(cfg, threads.THREADS_KEY) == str(max(1, threads.usable_cores() // 2))
 
 
+def test_the_wait_policy_auto_keeps_libgomps_spin_unless_the_environment_names_one() -> None:
+    """``auto``: ACTIVE with libgomp's one-team spin count in every Ray worker (a process holding more OpenMP
+    threads than cores, the worker hosting the rollout server, would otherwise spin 1k iterations and decode
+    30-40% slower); a policy in the driver's environment (the test suite's PASSIVE) is left to the workers to
+    inherit; a given policy is passed on; anything else is named."""
+    env_key = "ray_kwargs.ray_init.runtime_env.env_vars"
+    cfg = _cpu_config()
+    assert OmegaConf.select(cfg, threads.WAIT_POLICY_KEY) == "auto"
+    assert threads.resolve_wait_policy(cfg, environ={}) == "ACTIVE"
+    assert OmegaConf.select(cfg, env_key)["OMP_WAIT_POLICY"] == "ACTIVE"
+    assert OmegaConf.select(cfg, env_key)["GOMP_SPINCOUNT"] == threads.SPIN_COUNT == "300000"
+    inherited = _cpu_config()
+    assert threads.resolve_wait_policy(inherited, environ={"OMP_WAIT_POLICY": "PASSIVE"}) == "PASSIVE"
+    assert "OMP_WAIT_POLICY" not in OmegaConf.select(inherited, env_key)
+    assert "GOMP_SPINCOUNT" not in OmegaConf.select(inherited, env_key)
+    own_count = _cpu_config()
+    threads.resolve_wait_policy(own_count, environ={"GOMP_SPINCOUNT": "1000000"})  # the environment's count stays
+    assert "GOMP_SPINCOUNT" not in OmegaConf.select(own_count, env_key)
+    given = _cpu_config(f"{threads.WAIT_POLICY_KEY}=passive")
+    assert threads.resolve_wait_policy(given, environ={}) == "PASSIVE"
+    assert OmegaConf.select(given, env_key)["OMP_WAIT_POLICY"] == "PASSIVE"
+    with pytest.raises(ConfigError, match=r"OMP_WAIT_POLICY: must be auto, ACTIVE or PASSIVE; got 'spin'"):
+        threads.resolve_wait_policy(_cpu_config(f"{threads.WAIT_POLICY_KEY}=spin"), environ={})
+
+
 def test_the_ray_workers_get_every_usable_core() -> None:
     """Ray gives a worker whose actor names no num_cpus (verl's) OMP_NUM_THREADS=1 unless the run says
     otherwise: the prepared config's runtime env reaches the worker, read back from inside one."""

@@ -51,11 +51,12 @@ import os
 
 
 async def compute_score(data_source, solution_str, ground_truth, extra_info=None, **kwargs):
-    import ray
     import torch
 
+    from agentevolver.verl.cpu.rollout_server import server_handle
+
     dump_dir = os.environ["AE_TEST_SERVER_DUMP"]
-    server = ray.get_actor("{SERVER_ACTOR}")
+    server = server_handle("{SERVER_ACTOR}")  # hosted in the training worker (trainer.rollout_server=auto)
     status = await server.status.remote()
     path = os.path.join(dump_dir, f"server_step{{status['global_steps']}}.pt")
     if not os.path.exists(path):
@@ -162,6 +163,40 @@ async def test_a_base_sync_sets_the_base_adapters_merge_onto() -> None:
     lora_b = dict(adapters)[f"base_model.model.{target.removesuffix('.weight')}.lora_B.weight"]
     expected = base[target] + (lora_b @ lora_a) * (8 / 4)
     assert (served[target] - expected).abs().max().item() < 1e-6
+
+
+async def test_a_hosted_servers_base_sync_keeps_no_storage_of_the_trainers() -> None:
+    """Hosted in the training worker (``trainer.rollout_server=worker``), the adapter hands the server the trainer's
+    own tensors: nothing copies them on the way, as Ray's transfer did. The server keeps LoRA base weights to merge
+    every later adapter sync onto, so what it keeps must be its own copy (the merger's base snapshot, the model's
+    parameters): a trainer tensor changed after the sync (FSDP reuses its gathered storage) must not move it."""
+    from agentevolver.verl.cpu.rollout import HFServerAdapter
+    from agentevolver.verl.cpu.rollout_server import InProcessServer, _hosted, host, server_actor_name
+
+    server = _server()
+    name = server_actor_name(0)
+    host(name, server)
+    try:
+        adapter = HFServerAdapter(server.config, server.model_config, replica_rank=0)
+        peft_model = _peft_model(0)
+        adapters, peft_config = _adapters(peft_model)
+        trainer_base = {name: tensor.detach() for name, tensor in peft_model.base_model.model.state_dict().items()
+                        if "lora_" not in name and name != "lm_head.weight"}  # the peft model's own storage
+        await adapter.update_weights(iter(trainer_base.items()), global_steps=0, peft_config=peft_config,
+                                     base_sync_done=False)
+        assert isinstance(adapter.server, InProcessServer)  # the adapter found the server in this process
+        target = "model.layers.0.self_attn.q_proj.weight"
+        base_before = trainer_base[target.replace(".weight", ".base_layer.weight")].clone()
+        with torch.no_grad():
+            for tensor in trainer_base.values():
+                tensor.add_(1.0)  # the trainer's storage changes after the sync
+        await adapter.update_weights(iter(adapters), global_steps=1, peft_config=peft_config, base_sync_done=True)
+        served = await server.state_dict()
+        lora_a = dict(adapters)[f"base_model.model.{target.removesuffix('.weight')}.lora_A.weight"]
+        lora_b = dict(adapters)[f"base_model.model.{target.removesuffix('.weight')}.lora_B.weight"]
+        assert (served[target] - (base_before + (lora_b @ lora_a) * (8 / 4))).abs().max().item() < 1e-6
+    finally:
+        _hosted.pop(name, None)
 
 
 async def test_an_adapter_sync_must_pair_its_halves_and_keep_its_targets() -> None:

@@ -74,14 +74,16 @@ def _no_external_plugin_policy(monkeypatch: pytest.MonkeyPatch):
 
 def _compose_cpu(overrides: list[str]):
     """The root config with the cpu preset (the root's default ``backend: cpu``, named explicitly), its ``auto``
-    dtypes resolved as ``agentevolver.main_ppo`` resolves them before verl reads them."""
+    dtypes, threads and OpenMP wait policy resolved as ``agentevolver.main_ppo`` resolves them before verl reads
+    them."""
     from agentevolver.backends.cpu.precision import resolve_auto_dtypes
-    from agentevolver.backends.cpu.threads import resolve_auto_threads
+    from agentevolver.backends.cpu.threads import resolve_auto_threads, resolve_wait_policy
     from agentevolver.config import compose_config
 
     config = compose_config(["backend=cpu", *overrides])
     resolve_auto_dtypes(config)
     resolve_auto_threads(config)
+    resolve_wait_policy(config)
     return config
 
 
@@ -220,18 +222,6 @@ def _server(**overrides: str):
     )
 
 
-class _ActorHandle:
-    """A local HFRolloutServer called the way the adapter calls its Ray actor: ``handle.method.remote(...)``."""
-
-    def __init__(self, server) -> None:
-        self._server = server
-
-    def __getattr__(self, name: str):
-        from types import SimpleNamespace
-
-        return SimpleNamespace(remote=getattr(self._server, name))
-
-
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 async def test_adapter_sends_full_weights_in_the_servers_dtype(dtype: str):
     """The actor's fp32 master weights reach a bf16 server as bf16 (half the bytes) and load exactly as the
@@ -239,6 +229,7 @@ async def test_adapter_sends_full_weights_in_the_servers_dtype(dtype: str):
     from verl.workers.rollout.replica import RolloutMode
 
     from agentevolver.verl.cpu.rollout import HFRolloutServer, HFServerAdapter
+    from agentevolver.verl.cpu.rollout_server import InProcessServer
 
     config = _rollout_config(**{"actor_rollout_ref.rollout.dtype": dtype})
     rollout, model = config.actor_rollout_ref.rollout, config.actor_rollout_ref.model
@@ -253,7 +244,7 @@ async def test_adapter_sends_full_weights_in_the_servers_dtype(dtype: str):
 
     server.load_weights = recording_load
     adapter = HFServerAdapter(rollout, model, replica_rank=0)
-    adapter._server = _ActorHandle(server)
+    adapter._server = InProcessServer(server)  # called as its actor: handle.method.remote(...)
     params = dict(server._generator.model.named_parameters())
     torch.manual_seed(0)
     sent = {name: param.detach().float() + 1e-3 * torch.randn(param.shape) for name, param in params.items()}

@@ -32,6 +32,8 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 from verl.experimental.agent_loop.agent_loop import AgentLoopManager, AgentLoopWorker
 
+from agentevolver.verl.cpu.hosting import hosts_rollout_server
+
 __all__ = ["MANAGER_CLASS", "PrestartedAgentLoopManager", "PrestartedAgentLoopWorker", "begin", "release",
            "take_agent_workers", "take_server"]
 
@@ -102,7 +104,8 @@ def begin(config: DictConfig) -> dict[str, int]:
             OmegaConf.update(config, _MANAGER_KEY, MANAGER_CLASS, force_add=True)
         started["agent_workers"] = count
     # after the manager's key: the server is created from the rollout config verl's replica will hold
-    if rollout.name == "hf" and bool(config.actor_rollout_ref.get("hybrid_engine", True)):
+    if rollout.name == "hf" and bool(config.actor_rollout_ref.get("hybrid_engine", True)) \
+            and not hosts_rollout_server(config):  # a server in the training worker starts with its model
         started["servers"] = _start_servers(config, node_id)
     return started
 

@@ -33,6 +33,22 @@ class TaskRunner(BaseTaskRunner):
     """Runs one training job (see the module docstring): in the driver's process
     (:class:`~agentevolver.verl.driver_runner.InDriver`) or as the Ray actor :data:`TaskRunnerActor`."""
 
+    def add_actor_rollout_worker(self, config: DictConfig) -> tuple[type, type]:
+        """verl's worker roles; with ``trainer.rollout_server`` resolving to ``worker``, the actor/rollout role's
+        class is :class:`~agentevolver.verl.cpu.hosting_worker.HFHostingWorker`, which also hosts the ``hf``
+        rollout server (:mod:`agentevolver.verl.cpu.hosting`)."""
+        from agentevolver.verl.cpu.hosting import hosts_rollout_server
+
+        worker_cls, group_cls = super().add_actor_rollout_worker(config)
+        if not hosts_rollout_server(config):
+            return worker_cls, group_cls
+        from agentevolver.verl.cpu.hosting_worker import HFHostingWorker
+
+        for role, remote_cls in list(self.role_worker_mapping.items()):
+            if getattr(remote_cls, "__ray_actor_class__", None) is worker_cls:
+                self.role_worker_mapping[role] = ray.remote(HFHostingWorker)
+        return HFHostingWorker, group_cls
+
     def run(self, config: DictConfig) -> None:
         from verl.trainer.ppo.utils import create_rl_sampler, need_critic, need_reference_policy
         from verl.utils.config import omega_conf_to_dataclass

@@ -24,7 +24,8 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 
 from agentevolver.errors import ConfigError
 
-__all__ = ["AUTO", "THREADS_KEY", "resolve_auto_threads", "usable_cores"]
+__all__ = ["AUTO", "SPIN_COUNT", "THREADS_KEY", "WAIT_POLICY_KEY", "resolve_auto_threads", "resolve_wait_policy",
+           "usable_cores"]
 
 logger = logging.getLogger(__name__)
 
@@ -33,6 +34,13 @@ AUTO = "auto"
 
 #: Where the CPU preset sets the workers' thread count.
 THREADS_KEY = "ray_kwargs.ray_init.runtime_env.env_vars.OMP_NUM_THREADS"
+
+#: Where the CPU preset sets how the workers' idle OpenMP threads wait.
+WAIT_POLICY_KEY = "ray_kwargs.ray_init.runtime_env.env_vars.OMP_WAIT_POLICY"
+
+#: libgomp's spin (iterations) before an idle thread sleeps, while a process holds no more OpenMP threads than
+#: cores; it drops to 1,000 beyond that unless the policy is ACTIVE.
+SPIN_COUNT = "300000"
 
 
 def usable_cores() -> int:
@@ -62,3 +70,39 @@ def resolve_auto_threads(cfg: DictConfig, cores: int | None = None, side_by_side
         logger.info("Ray workers' torch threads auto -> %s (the cores this process may use%s)", text,
                     f", shared by {side_by_side} processes computing side by side" if side_by_side > 1 else "")
     return text
+
+
+def resolve_wait_policy(cfg: DictConfig, environ: dict[str, str] | None = None) -> str | None:
+    """Resolve ``auto`` at :data:`WAIT_POLICY_KEY` (in place, before ray.init); return what the workers get.
+
+    Why: GNU libgomp (torch's OpenMP) spins :data:`SPIN_COUNT` iterations between parallel regions while a
+    process holds no more OpenMP threads than cores, and only 1,000 once it holds more, which happens as soon as
+    two threads of one process have computed with torch (each keeps a team): the training worker hosting the
+    rollout server (``trainer.rollout_server``), whose update and decode run on different threads. Its idle
+    threads then sleep between a decode step's hundreds of small regions, and decoding ran 30-40% slower
+    (docs/benchmarks.md, "Fixed costs: the rollout server in the training worker"). ``auto`` = ``ACTIVE`` with
+    ``GOMP_SPINCOUNT`` = :data:`SPIN_COUNT`: the spin a one-team process gets anyway, in every process.
+
+    A policy in the driver's environment (``OMP_WAIT_POLICY=PASSIVE`` on a shared machine, as the test suite
+    sets: docs/backends.md) wins: ``auto`` then leaves the variable out of the runtime env, so the workers
+    inherit it. Any other value is passed as given (libgomp reads ACTIVE or PASSIVE).
+    """
+    value = OmegaConf.select(cfg, WAIT_POLICY_KEY, default=None)
+    if value is None:
+        return None
+    environ = os.environ if environ is None else environ
+    text = str(value)
+    if text.upper() not in (AUTO.upper(), "ACTIVE", "PASSIVE"):
+        raise ConfigError(f"{WAIT_POLICY_KEY}: must be auto, ACTIVE or PASSIVE; got {value!r}")
+    env_vars = OmegaConf.select(cfg, "ray_kwargs.ray_init.runtime_env.env_vars")
+    with open_dict(cfg):
+        if text != AUTO:
+            env_vars.OMP_WAIT_POLICY = text.upper()
+            return text.upper()
+        if "OMP_WAIT_POLICY" in environ:
+            del env_vars["OMP_WAIT_POLICY"]
+            return environ["OMP_WAIT_POLICY"]
+        env_vars.OMP_WAIT_POLICY = "ACTIVE"
+        if "GOMP_SPINCOUNT" not in environ and "GOMP_SPINCOUNT" not in env_vars:
+            env_vars.GOMP_SPINCOUNT = SPIN_COUNT
+    return "ACTIVE"

@@ -7,6 +7,8 @@
 * :mod:`.rollout`: verl rollout ``hf``, the CPU generator (:class:`agentevolver.backends.cpu.HFGenerator`)
   behind verl's rollout-server interface (``RolloutReplicaRegistry`` and patch 3 of
   :mod:`agentevolver.verl.patches`);
+* :mod:`.hosting` and :mod:`.hosting_worker`: ``trainer.rollout_server``, the ``hf`` server built inside the
+  training worker's process (:mod:`.rollout_server` holds the server and the handles that reach it there);
 * :mod:`.vllm`: the engine-worker extension of the ``vllm_cpu`` preset (patch 4), for verl's own vLLM rollout
   on a CPU;
 * :mod:`.lora`: actor LoRA: the ``hf`` server's merge of the adapters verl syncs, and the start-up checks of a

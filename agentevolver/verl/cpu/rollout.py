@@ -9,8 +9,9 @@ On GPU those are vLLM/SGLang servers. With ``actor_rollout_ref.rollout.name=hf``
   decode). Lifecycle calls are no-ops where vLLM frees GPU memory (CPU memory is not shared with the
   trainer); abort/resume really abort and park requests. It lives in :mod:`.rollout_server`, which imports
   nothing heavy at the top: every process holding a handle to it imports its class's module.
-* :class:`HFReplica` - a ``RolloutReplica`` that starts one server per replica on the node of its worker.
-  Registered as ``hf`` in ``RolloutReplicaRegistry``.
+* :class:`HFReplica` - a ``RolloutReplica`` that starts one server per replica on the node of its worker, or,
+  where the TaskRunner gave the worker the class that can (``trainer.rollout_server``, :mod:`.hosting`), has the
+  worker build it in its own process. Registered as ``hf`` in ``RolloutReplicaRegistry``.
 * :class:`HFServerAdapter` - the worker-side ``BaseRollout`` (registered for ``("hf", "async")``). It lives
   in the training worker and receives the actor's weights on every sync.
 
@@ -50,7 +51,16 @@ from verl.workers.config import HFModelConfig, RolloutConfig
 from verl.workers.rollout.base import BaseRollout
 from verl.workers.rollout.replica import RolloutReplica
 
-from agentevolver.verl.cpu.rollout_server import ROLLOUT_NAME, HFRolloutServer, dtype_name, server_actor_name
+from agentevolver.verl.cpu.rollout_server import (
+    ROLLOUT_NAME,
+    HFRolloutServer,
+    HostedServerHandle,
+    InProcessServer,
+    dtype_name,
+    hosted_server,
+    remember,
+    server_actor_name,
+)
 
 __all__ = ["ROLLOUT_NAME", "HFReplica", "HFRolloutServer", "HFServerAdapter", "server_actor_name"]
 
@@ -86,6 +96,16 @@ class HFReplica(RolloutReplica):
             name = server_actor_name(self.replica_rank, f"_teacher{self.name_suffix}")
         else:
             name = server_actor_name(self.replica_rank, self.name_suffix)
+        worker = self.workers[0]
+        if self._hosted_by(worker):
+            info = await worker.start_hf_server.remote(name, self.config, self.model_config, self.rollout_mode,
+                                                       self.replica_rank)
+            logger.info("hf rollout server %s hosted in the training worker %s: %s", name, info["worker_name"], info)
+            self.servers = [HostedServerHandle(info["worker_name"], info["namespace"], name)]
+            remember(self.servers[0])
+            self._server_handle = self.servers[0]
+            self._server_address = name
+            return
         from agentevolver.verl import prestart
 
         # started with the training workers (trainer.prestart) if it was created from these very arguments
@@ -111,6 +131,16 @@ class HFReplica(RolloutReplica):
         self.servers = [server]
         self._server_handle = server
         self._server_address = name
+
+
+    def _hosted_by(self, worker: Any) -> bool:
+        """Whether ``worker`` hosts this replica's server (:mod:`.hosting`): a policy replica fused into a
+        worker of the class that can (the TaskRunner picked it for ``trainer.rollout_server``)."""
+        from verl.workers.rollout.replica import RolloutMode
+
+        if self.is_reward_model or self.is_teacher_model or self.rollout_mode != RolloutMode.HYBRID:
+            return False
+        return hasattr(worker, "start_hf_server")
 
 
 class HFServerAdapter(BaseRollout):
@@ -143,9 +173,12 @@ class HFServerAdapter(BaseRollout):
 
     @property
     def server(self) -> Any:
-        """The replica's server actor, looked up by name (it starts after the workers)."""
+        """The replica's server: the one this worker hosts, else its actor, looked up by name (it starts after the
+        workers)."""
         if self._server is None:
-            self._server = ray.get_actor(server_actor_name(self.replica_rank))
+            name = server_actor_name(self.replica_rank)
+            hosted = hosted_server(name)  # built in this worker (trainer.rollout_server=worker)
+            self._server = InProcessServer(hosted) if hosted is not None else ray.get_actor(name)
         return self._server
 
     async def resume(self, tags: list[str]) -> None:

@@ -5,6 +5,10 @@ Its own module, importing torch, transformers and verl only inside its methods, 
 receives a handle to the server imports the module of its class (Ray reads the actor's methods from it):
 verl's request router and the agent-loop workers hold such handles. In ``rollout.py`` it cost the router
 process ~5 CPU seconds of imports per run (bench/startup_profile.py's CPU table).
+
+The same server object can instead live in the training worker's process (``trainer.rollout_server=worker``,
+:mod:`.hosting`): :class:`HostedServerHandle` stands for it where verl holds an actor handle, and
+:func:`server_handle` finds a server by name in either place.
 """
 
 from __future__ import annotations
@@ -20,7 +24,8 @@ if TYPE_CHECKING:
 
     from agentevolver.backends.cpu.generator import HFGenerator
 
-__all__ = ["ROLLOUT_NAME", "HFRolloutServer", "server_actor_name"]
+__all__ = ["ROLLOUT_NAME", "HFRolloutServer", "HostedServerHandle", "InProcessServer", "host", "hosted_server",
+           "remember", "server_actor_name", "server_handle"]
 
 logger = logging.getLogger(__name__)
 
@@ -31,6 +36,122 @@ ROLLOUT_NAME = "hf"
 def server_actor_name(replica_rank: int, name_suffix: str = "") -> str:
     """Ray actor name of the server of replica ``replica_rank`` (the adapter finds its server by it)."""
     return f"{ROLLOUT_NAME}_server_{replica_rank}_0{name_suffix}"
+
+
+#: The servers hosted in this process (a training worker's, ``trainer.rollout_server=worker``), by server name.
+_hosted: dict[str, HFRolloutServer] = {}
+
+
+def host(name: str, server: HFRolloutServer) -> None:
+    """Keep ``server`` in this process under ``name`` (the training worker that built it serves its calls)."""
+    _hosted[name] = server
+
+
+def hosted_server(name: str) -> HFRolloutServer | None:
+    """The server called ``name`` hosted in this process, else None (it is a Ray actor of its own)."""
+    return _hosted.get(name)
+
+
+#: Handles of the servers hosted in training workers, by server name, in the process whose replicas started them.
+_handles: dict[str, HostedServerHandle] = {}
+
+
+def remember(handle: HostedServerHandle) -> None:
+    """Record the handle of a hosted server, for :func:`server_handle` in this process."""
+    _handles[handle.server_name] = handle
+
+
+def server_handle(name: str) -> Any:
+    """The server called ``name`` (e.g. ``server_actor_name(0)``), callable as ``await h.status.remote()``
+    wherever it runs: hosted in this process (the training worker), hosted in a worker and started by a replica
+    of this process (the TaskRunner's: the driver by default, where in-process agent loops and custom reward
+    functions run), else the Ray actor of that name (``trainer.rollout_server=actor``).
+
+    Raises:
+        ValueError: no such server is known here (Ray's error for an unknown actor name).
+    """
+    import ray
+
+    hosted = hosted_server(name)
+    if hosted is not None:
+        return InProcessServer(hosted)
+    if name in _handles:
+        return _handles[name]
+    return ray.get_actor(name)
+
+
+class HostedServerHandle:
+    """What stands for a server hosted in a training worker wherever verl holds a server's actor handle: the
+    replica's ``servers``, the request router, the agent loops. ``handle.generate.remote(...)`` calls the
+    worker's ``hf_server_call`` (:mod:`agentevolver.verl.cpu.hosting_worker`) and returns its object ref, as an
+    actor method's ``.remote`` does.
+
+    It holds the worker's actor *name*, not its handle, and looks the actor up when called (once per process):
+    unpickling a handle imports the module of the actor's class (verl's, which imports torch), and the request
+    router only passes handles on; only the processes that call it (which have imported verl) resolve it.
+    """
+
+    def __init__(self, worker_name: str, namespace: str | None, server_name: str) -> None:
+        self.worker_name = worker_name
+        self.namespace = namespace
+        self.server_name = server_name
+
+    def __getattr__(self, method: str) -> _HostedMethod:
+        if method.startswith("_"):
+            raise AttributeError(method)
+        return _HostedMethod(self, method)
+
+    def _call(self, method: str, *args: Any, **kwargs: Any) -> Any:
+        worker = _worker_actor(self.worker_name, self.namespace)
+        return worker.hf_server_call.remote(self.server_name, method, *args, **kwargs)
+
+    def __repr__(self) -> str:
+        return f"HostedServerHandle({self.server_name!r} in {self.worker_name!r})"
+
+
+#: Worker actor handles looked up in this process, by (name, namespace): the request router hands out a fresh
+#: copy of a server's handle for every request, and a name lookup is a blocking round trip to Ray's GCS.
+_workers: dict[tuple[str, str | None], Any] = {}
+
+
+def _worker_actor(name: str, namespace: str | None) -> Any:
+    if (name, namespace) not in _workers:
+        import ray
+
+        _workers[name, namespace] = ray.get_actor(name, namespace=namespace)
+    return _workers[name, namespace]
+
+
+class _HostedMethod:
+    """``handle.method``: ``.remote(*args, **kwargs)`` runs it on the hosted server; returns an object ref."""
+
+    def __init__(self, handle: HostedServerHandle, method: str) -> None:
+        self._handle = handle
+        self._method = method
+
+    def remote(self, *args: Any, **kwargs: Any) -> Any:
+        return self._handle._call(self._method, *args, **kwargs)
+
+
+class InProcessServer:
+    """A server hosted in this process called as its actor would be, ``await server.method.remote(...)``, so the
+    worker-side adapter has one code path for both (the coroutine runs on the caller's event loop)."""
+
+    def __init__(self, server: HFRolloutServer) -> None:
+        self._server = server
+
+    def __getattr__(self, method: str) -> _InProcessMethod:
+        if method.startswith("_"):
+            raise AttributeError(method)
+        return _InProcessMethod(getattr(self._server, method))
+
+
+class _InProcessMethod:
+    def __init__(self, bound: Any) -> None:
+        self._bound = bound
+
+    def remote(self, *args: Any, **kwargs: Any) -> Any:
+        return self._bound(*args, **kwargs)
 
 
 def dtype_name(dtype: Any) -> str:
