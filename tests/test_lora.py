@@ -56,7 +56,7 @@ async def compute_score(data_source, solution_str, ground_truth, extra_info=None
     from agentevolver.verl.cpu.rollout_server import server_handle
 
     dump_dir = os.environ["AE_TEST_SERVER_DUMP"]
-    server = server_handle("{SERVER_ACTOR}")  # hosted in the training worker (trainer.rollout_server=auto)
+    server = server_handle("{SERVER_ACTOR}")  # an actor, or hosted in the training worker
     status = await server.status.remote()
     path = os.path.join(dump_dir, f"server_step{{status['global_steps']}}.pt")
     if not os.path.exists(path):

@@ -71,10 +71,11 @@ def train(service: str, run_dir: Path, *extra: str) -> subprocess.CompletedProce
 
 @pytest.fixture(scope="module")
 def baseline(service: str, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, subprocess.CompletedProcess[str]]:
-    """Two plain GRPO steps in groups of 4, a checkpoint (with the HF export) after each: the run that
+    """Two plain GRPO steps in groups of 4, a checkpoint (with the HF export) after each, the rollout server
+    inside the training worker (``trainer.rollout_server=worker``): the run that
     :func:`test_two_grpo_steps_through_the_training_entry` checks, and the reference run of the crash test."""
     run_dir = tmp_path_factory.mktemp("baseline")
-    return run_dir, train(service, run_dir, *GROUPS_OF_4)
+    return run_dir, train(service, run_dir, *GROUPS_OF_4, "trainer.rollout_server=worker")
 
 
 def test_two_grpo_steps_through_the_training_entry(service: str, baseline: tuple[Path, subprocess.CompletedProcess[str]]
@@ -104,7 +105,7 @@ def test_two_grpo_steps_through_the_training_entry(service: str, baseline: tuple
     assert "AgentLoopWorker pid=" not in console
     assert "prestart: the rollout server" not in console  # the server was not started again for other arguments
     assert "not taken over" not in console  # nothing prestarted was left over
-    # trainer.rollout_server=auto: the hf server was built inside the training worker (verl bound the methods
+    # trainer.rollout_server=worker: the hf server was built inside the training worker (verl bound the methods
     # that reach it), so no server actor's process printed a line
     assert "bind role actor_rollout method hf_server_call" in console
     assert "HFRolloutServer pid=" not in console
@@ -189,9 +190,8 @@ def test_sigkill_after_step_1_resumes_at_step_2_with_the_same_data(
 @pytest.fixture(scope="module")
 def attributed_run(service: str, tmp_path_factory: pytest.TempPathFactory
                    ) -> tuple[Path, subprocess.CompletedProcess[str], list[dict]]:
-    """Two GRPO steps (groups of 4, fp32, KL loss so the reference pass runs, ``--verbose``, the TaskRunner, the
-    agent-loop worker and the rollout server as Ray actors: ``trainer.task_runner=actor``,
-    ``trainer.agent_loop_workers=actor``, ``trainer.rollout_server=actor``,
+    """Two GRPO steps (groups of 4, fp32, KL loss so the reference pass runs, ``--verbose``, the TaskRunner and
+    the agent-loop worker as verl's Ray actors: ``trainer.task_runner=actor``, ``trainer.agent_loop_workers=actor``,
     and its processes started in verl's order: ``trainer.prestart=false``; every other run has these as shipped)
     with three things
     on that do not touch each other: ADCA-GRPO with a scripted judge answering GOOD for step 1 (it changes
@@ -210,7 +210,7 @@ def attributed_run(service: str, tmp_path_factory: pytest.TempPathFactory
                      "reward.custom_reward_function.name=compute_score",  # 0.25 + 0.5 x env score, logged
                      f"+reward.custom_reward_function.reward_kwargs.log_path={run_dir / 'calls.jsonl'}",
                      *shared_prompt_check(shared=False), "trainer.task_runner=actor", "trainer.prestart=false",
-                     "trainer.agent_loop_workers=actor", "trainer.rollout_server=actor", "--verbose")
+                     "trainer.agent_loop_workers=actor", "--verbose")
         requests = judge.bodies
     finally:
         judge.reset()
@@ -234,7 +234,7 @@ def test_adca_labels_steps_through_the_training_entry(attributed_run) -> None:
     assert "engine is not available" in done.stderr  # --verbose: every line on the console
     assert "(TaskRunner pid=" in done.stdout + done.stderr  # trainer.task_runner=actor: verl's TaskRunner actor
     assert "(AgentLoopWorker pid=" in done.stdout + done.stderr  # trainer.prestart=false: verl's own, in its order
-    assert "(HFRolloutServer pid=" in done.stdout + done.stderr  # trainer.rollout_server=actor: a process of its own
+    assert "(HFRolloutServer pid=" in done.stdout + done.stderr  # trainer.rollout_server=actor (the default)
     assert len(requests) == 16  # 2 steps x 8 episodes, one request per episode
     for metrics in steps.values():
         assert metrics["adca/active"] == 1.0 and metrics["adca/labelled_samples"] == 8.0

@@ -1,10 +1,10 @@
 """``trainer.prestart`` (agentevolver/verl/prestart.py): the rollout server and agent-loop worker processes start
 with the training workers and are handed to verl only when they match what verl would have started.
 
-Here a real local Ray and the real ``hf`` server on tiny-test (as an actor: ``trainer.rollout_server=actor``; by
-default the training worker hosts it and nothing is prestarted for it); the hand-over inside a training run is checked end to
-end in tests/test_main_ppo.py (the baseline run's agent-loop worker is the prestarted one; the attributed run,
-``trainer.prestart=false``, starts verl's own).
+Here a real local Ray and the real ``hf`` server on tiny-test (an actor, the default; with
+``trainer.rollout_server=worker`` the training worker hosts it and nothing is prestarted for it); the hand-over
+inside a training run is checked end to end in tests/test_main_ppo.py (the baseline run's agent-loop worker is the
+prestarted one; the attributed run, ``trainer.prestart=false``, starts verl's own).
 """
 
 from __future__ import annotations
@@ -54,7 +54,7 @@ def test_a_server_is_handed_over_only_to_a_replica_with_its_arguments(local_ray)
 
     from agentevolver.verl.cpu.rollout import server_actor_name
 
-    cfg = _config("trainer.rollout_server=actor")  # a server in the training worker is not prestarted
+    cfg = _config()
     try:
         assert prestart.begin(cfg) == {"servers": 1, "agent_workers": 1}
         assert OmegaConf.select(cfg, MANAGER_KEY) == prestart.MANAGER_CLASS  # verl will build our manager
@@ -82,7 +82,7 @@ def test_a_matching_server_serves_and_the_rest_is_released(local_ray) -> None:
 
     from agentevolver.verl.cpu.rollout import server_actor_name
 
-    cfg = _config("trainer.rollout_server=actor")
+    cfg = _config()
     try:
         prestart.begin(cfg)
         node = ray.get_runtime_context().get_node_id()
@@ -98,9 +98,9 @@ def test_a_matching_server_serves_and_the_rest_is_released(local_ray) -> None:
 
 
 def test_a_server_the_training_worker_hosts_is_not_prestarted(local_ray) -> None:
-    """``trainer.rollout_server=auto`` builds the server inside the training worker once its model is loaded
+    """``trainer.rollout_server=worker`` builds the server inside the training worker once its model is loaded
     (agentevolver/verl/cpu/hosting.py): there is no server process to start early, only the agent-loop worker."""
     try:
-        assert prestart.begin(_config()) == {"servers": 0, "agent_workers": 1}
+        assert prestart.begin(_config("trainer.rollout_server=worker")) == {"servers": 0, "agent_workers": 1}
     finally:
         assert prestart.release() == ["agent-loop worker 0"]

@@ -1,11 +1,12 @@
-"""``trainer.rollout_server`` (agentevolver/verl/cpu/hosting.py): the ``hf`` rollout server inside the training
-worker's process where nothing else computes there while episodes generate, a Ray actor of its own otherwise.
+"""``trainer.rollout_server`` (agentevolver/verl/cpu/hosting.py): the ``hf`` rollout server as a Ray actor of its
+own (the default), or inside the training worker's process (``worker``) where nothing else computes there while
+episodes generate.
 
-Here the choice and the handle that stands for a hosted server. Training through a hosted server is every
-trainer test's default (tests/test_main_ppo.py checks that verl bound the worker's server methods and no server
-process printed a line, and that step 2's rollout log-probs match the trainer's: the in-process weight sync
-worked; its attributed run keeps the actor with ``trainer.rollout_server=actor``); tests/test_lora.py trains
-LoRA through a hosted server and checks an in-process base sync keeps no trainer storage.
+Here the choice and the handle that stands for a hosted server. Training through a hosted server end to end:
+tests/test_main_ppo.py's baseline run (``trainer.rollout_server=worker``: verl bound the worker's server methods,
+no server process printed a line, and step 2's rollout log-probs match the trainer's, so the in-process weight
+sync worked); its attributed run checks the default's server process. tests/test_lora.py checks an in-process
+LoRA base sync keeps no trainer storage.
 """
 
 from __future__ import annotations
@@ -27,32 +28,27 @@ def _config(*overrides: str):
     return compose_config(["actor_rollout_ref.model.path=tiny-test", *overrides], config_name="quickstart")
 
 
-def test_auto_hosts_the_cpu_presets_server_in_the_training_worker() -> None:
+def test_the_server_is_an_actor_unless_the_worker_is_asked_to_host_it() -> None:
     cfg = _config()
-    assert cfg.trainer.rollout_server == "auto" and cfg.actor_rollout_ref.rollout.name == "hf"
-    assert hosts_rollout_server(cfg)
+    assert cfg.trainer.rollout_server == "actor" and cfg.actor_rollout_ref.rollout.name == "hf"
+    assert not hosts_rollout_server(cfg)
     assert hosts_rollout_server(_config("trainer.rollout_server=worker"))
-
-
-@pytest.mark.parametrize("override", [
-    "trainer.mode=async", "trainer.nnodes=2", "trainer.use_v1=true", "actor_rollout_ref.hybrid_engine=false",
-    "actor_rollout_ref.rollout.name=vllm", "trainer.rollout_server=actor"])
-def test_auto_keeps_the_server_actor_where_the_worker_cannot_host_it(override: str) -> None:
-    assert not hosts_rollout_server(_config(override))
 
 
 @pytest.mark.parametrize(("override", "named"), [
     ("trainer.mode=async", "trainer.mode is async"),
     ("trainer.nnodes=2", "trainer.nnodes is 2"),
+    ("trainer.use_v1=true", "trainer.use_v1 is true"),
+    ("actor_rollout_ref.hybrid_engine=false", "actor_rollout_ref.hybrid_engine is false"),
     ("actor_rollout_ref.rollout.name=vllm", "actor_rollout_ref.rollout.name is 'vllm'")])
 def test_worker_where_it_cannot_run_says_why_and_what_to_set(override: str, named: str) -> None:
     with pytest.raises(ConfigError) as raised:
         hosts_rollout_server(_config("trainer.rollout_server=worker", override))
-    assert named in str(raised.value) and "trainer.rollout_server=auto" in str(raised.value)
+    assert named in str(raised.value) and "trainer.rollout_server=actor" in str(raised.value)
 
 
 def test_a_bad_choice_is_named_before_anything_starts() -> None:
-    with pytest.raises(ConfigError, match=r"trainer\.rollout_server: must be one of auto, worker, actor; got 'gpu'"):
+    with pytest.raises(ConfigError, match=r"trainer\.rollout_server: must be one of actor, worker; got 'gpu'"):
         prepare_config(_config("trainer.rollout_server=gpu"))
 
 

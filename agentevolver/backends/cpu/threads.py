@@ -78,7 +78,7 @@ def resolve_wait_policy(cfg: DictConfig, environ: dict[str, str] | None = None) 
     Why: GNU libgomp (torch's OpenMP) spins :data:`SPIN_COUNT` iterations between parallel regions while a
     process holds no more OpenMP threads than cores, and only 1,000 once it holds more, which happens as soon as
     two threads of one process have computed with torch (each keeps a team): the training worker hosting the
-    rollout server (``trainer.rollout_server``), whose update and decode run on different threads. Its idle
+    rollout server (``trainer.rollout_server: worker``), whose update and decode run on different threads. Its idle
     threads then sleep between a decode step's hundreds of small regions, and decoding ran 30-40% slower
     (docs/benchmarks.md, "Fixed costs: the rollout server in the training worker"). ``auto`` = ``ACTIVE`` with
     ``GOMP_SPINCOUNT`` = :data:`SPIN_COUNT`: the spin a one-team process gets anyway, in every process.

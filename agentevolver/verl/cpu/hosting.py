@@ -10,11 +10,16 @@ every rollout of the synchronous loop. ``worker`` builds the server inside that 
 generator, called through the worker's actor (:class:`~agentevolver.verl.cpu.rollout_server.HostedServerHandle`),
 and its weight sync becomes a copy inside one process instead of a transfer through Ray's object store.
 
-``auto`` picks ``worker`` where nothing else computes in that process while episodes run: ``rollout.name=hf``,
-verl's hybrid engine, the synchronous loop (``trainer.mode=async`` updates the actor while the next step's
-episodes generate; a Ray async actor runs the worker's synchronous methods, the update among them, on the event
-loop that would serve the generation calls), one node, and verl's legacy trainer. Anything else keeps the actor.
-``actor`` keeps the actor whatever the settings (e.g. to look the server up by its actor name, ``hf_server_0_0``).
+``worker`` needs ``rollout.name=hf``, verl's hybrid engine, the synchronous loop (``trainer.mode=async`` updates
+the actor while the next step's episodes generate; a Ray async actor runs the worker's synchronous methods, the
+update among them, on the event loop that would serve the generation calls), one node and verl's legacy trainer;
+where one is missing it stops the run before Ray starts, saying which. It is not the default, ``actor`` is: on a
+CPU the worker's decode ran 20-40% slower than the actor's. The worker process holds two OpenMP teams (its
+update's thread and the decode thread), and GNU libgomp spins 1k iterations instead of 300k between parallel
+regions once a process holds more OpenMP threads than cores; the CPU preset's ``OMP_WAIT_POLICY: auto``
+(agentevolver/backends/cpu/threads.py) keeps the long spin and recovers part of it, not all
+(docs/benchmarks.md, "Fixed costs: the rollout server in the training worker"). What ``worker`` buys: ~10% less
+CPU per small run and one process, with its ~1.3 GB of resident memory, less.
 This module imports nothing heavy: the driver checks the key before Ray starts.
 """
 
@@ -27,7 +32,7 @@ from agentevolver.errors import ConfigError
 __all__ = ["CHOICES", "KEY", "hosts_rollout_server"]
 
 #: The values of ``trainer.rollout_server``.
-CHOICES = ("auto", "worker", "actor")
+CHOICES = ("actor", "worker")
 KEY = "trainer.rollout_server"
 
 
@@ -54,13 +59,13 @@ def _blockers(cfg: DictConfig) -> list[str]:
 def hosts_rollout_server(cfg: DictConfig) -> bool:
     """Whether this run builds its ``hf`` rollout server inside the training worker (``trainer.rollout_server``).
     ``worker`` where it cannot work is a :class:`ConfigError` that says why and what to set."""
-    choice = str(OmegaConf.select(cfg, KEY, default="auto"))
+    choice = str(OmegaConf.select(cfg, KEY, default="actor"))
     if choice not in CHOICES:
         raise ConfigError(f"{KEY}: must be one of {', '.join(CHOICES)}; got {choice!r}")
     if choice == "actor":
         return False
     blockers = _blockers(cfg)
-    if choice == "worker" and blockers:
-        raise ConfigError(f"{KEY}=worker cannot run here: {'; '.join(blockers)}. Set {KEY}=auto (or actor) to "
-                          "run the rollout server as a Ray actor of its own")
-    return not blockers
+    if blockers:
+        raise ConfigError(f"{KEY}=worker cannot run here: {'; '.join(blockers)}. Set {KEY}=actor to run the "
+                          "rollout server as a Ray actor of its own")
+    return True
