@@ -5,6 +5,7 @@ They are test doubles for *environments* (the edge); the thing under test is the
 
 from __future__ import annotations
 
+import itertools
 import os
 import time
 
@@ -129,19 +130,27 @@ class LotteryBroken(Lottery):
         raise RuntimeError("lottery_broken: this environment cannot create instances")
 
 
-#: ``lottery_outage`` kills its service at the first step after this file appears (and removes it first).
+#: ``lottery_outage`` kills its service once: at the first step after :data:`OUTAGE_AFTER_ENV` steps, while this file
+#: exists (it is removed first).
 OUTAGE_MARKER_ENV = "LOTTERY_OUTAGE_MARKER"
+#: How many steps the service answers before the outage (a count kept by the service process).
+OUTAGE_AFTER_ENV = "LOTTERY_OUTAGE_AFTER_STEPS"
+
+_outage_steps = itertools.count(1)
 
 
 @register_env("lottery_outage")
 class LotteryOutage(Lottery):
-    """``lottery`` whose whole service process dies once, mid-rollout: at the first step after the file named
-    by ``$LOTTERY_OUTAGE_MARKER`` exists (a test creates it when a training step is done). The file is removed
-    first, so the service the launcher starts again lives on."""
+    """``lottery`` whose whole service process dies once, mid-rollout: at step number ``$LOTTERY_OUTAGE_AFTER_STEPS``
+    + 1 of the process (a test gives the steps of the steps before the one to break), if the file named by
+    ``$LOTTERY_OUTAGE_MARKER`` exists. The file is removed first, so the service the launcher starts again lives
+    on. A count, not a file the test writes when a step is done: a one-step episode's rollout could be over
+    before such a file appeared."""
 
     def step(self, action: ChatMessage) -> StepOutcome:
         marker = os.environ.get(OUTAGE_MARKER_ENV)
-        if marker and os.path.exists(marker):
+        served = next(_outage_steps)
+        if marker and served > int(os.environ.get(OUTAGE_AFTER_ENV, "0")) and os.path.exists(marker):
             os.remove(marker)
             os._exit(17)  # the service dies with every live instance: an outage, not an instance failure
         return super().step(action)

@@ -34,7 +34,7 @@ class TaskRunner(BaseTaskRunner):
     (:class:`~agentevolver.verl.driver_runner.InDriver`) or as the Ray actor :data:`TaskRunnerActor`."""
 
     def add_actor_rollout_worker(self, config: DictConfig) -> tuple[type, type]:
-        """verl's worker roles; with ``trainer.rollout_server`` resolving to ``worker``, the actor/rollout role's
+        """verl's worker roles; with ``trainer.rollout_server=worker``, the actor/rollout role's
         class is :class:`~agentevolver.verl.cpu.hosting_worker.HFHostingWorker`, which also hosts the ``hf``
         rollout server (:mod:`agentevolver.verl.cpu.hosting`)."""
         from agentevolver.verl.cpu.hosting import hosts_rollout_server
