@@ -85,7 +85,7 @@ def resolve_wait_policy(cfg: DictConfig, environ: dict[str, str] | None = None) 
 
     A policy in the driver's environment (``OMP_WAIT_POLICY=PASSIVE`` on a shared machine, as the test suite
     sets: docs/backends.md) wins: ``auto`` then leaves the variable out of the runtime env, so the workers
-    inherit it. Any other value is passed as given (libgomp reads ACTIVE or PASSIVE).
+    inherit it. ``ACTIVE`` or ``PASSIVE`` (any case) is passed on; anything else is a :class:`ConfigError`.
     """
     value = OmegaConf.select(cfg, WAIT_POLICY_KEY, default=None)
     if value is None:

@@ -11,7 +11,6 @@ decode thread computes, as they do in the server's own actor.
 
 from __future__ import annotations
 
-import logging
 from typing import Any
 
 import ray
@@ -21,8 +20,6 @@ from verl.workers.engine_workers import ActorRolloutRefWorker
 from agentevolver.verl.cpu.rollout_server import HFRolloutServer, host, hosted_server
 
 __all__ = ["HFHostingWorker"]
-
-logger = logging.getLogger(__name__)
 
 
 class HFHostingWorker(ActorRolloutRefWorker):
